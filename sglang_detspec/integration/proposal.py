@@ -1,0 +1,89 @@
+"""The one entry point every DETSPEC draft-proposal site calls.
+
+``seeded_draft_proposal`` draws the draft token X ~ q for each row from the
+counter-based stream of sglang 0.5.23 (key = (seed + DRAFT salt, position,
+draft_step * V + token)), fused into one Triton pass on CUDA tensors and the
+pure-torch reference on CPU tensors. Rows whose request is greedy
+(``top_k <= 1``) propose the first argmax of ``probs`` instead, exactly like
+upstream ``sample_draft_proposal(top_ks=...)``, so a greedy request inside a
+sampled batch keeps its acceptance rate.
+
+Contract (the verify step relies on it): the returned ``topk_p`` is
+``probs.gather(1, topk_index)`` for the *same* ``probs`` tensor the caller hands
+to verify as ``draft_probs``; callers must not re-normalise ``probs`` after
+this call.
+
+CUDA-graph caveat: all inputs must be device tensors that live in persistent
+graph buffers when called under capture (``sampling_seed``, ``positions``,
+``top_ks``); the function allocates only outputs and never synchronises.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+__all__ = ["seeded_draft_proposal", "greedy_mask_from_top_ks"]
+
+
+def greedy_mask_from_top_ks(
+    top_ks: Optional[torch.Tensor], batch_size: int
+) -> Optional[torch.Tensor]:
+    """``top_ks <= 1`` as a bool ``[B]`` tensor (upstream's greedy-row rule)."""
+    if top_ks is None:
+        return None
+    if top_ks.dim() == 2 and top_ks.shape[1] == 1:
+        top_ks = top_ks.view(-1)
+    if top_ks.dim() != 1 or top_ks.shape[0] < batch_size:
+        raise ValueError(
+            f"top_ks must be a [B] tensor with B >= {batch_size}, got shape "
+            f"{tuple(top_ks.shape)}"
+        )
+    # Graph buffers may be larger than the live batch (max captured bs);
+    # only the first B rows belong to this call.
+    return top_ks[:batch_size] <= 1
+
+
+def seeded_draft_proposal(
+    probs: torch.Tensor,
+    sampling_seed: torch.Tensor,
+    positions: torch.Tensor,
+    draft_step: int,
+    top_ks: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Seeded draft proposal: ``(topk_p [B,1] float32, topk_index [B,1] int64)``.
+
+    Args:
+        probs: ``[B, V]`` draft distribution q (may be a strided row view).
+        sampling_seed: ``[B]`` int64 per-request seeds.
+        positions: ``[B]`` int32/int64 key positions (truncated to uint32).
+        draft_step: index of the proposal in the draft chain (0 for a
+            draft-extend proposal, ``i + 1`` for draft-decode step ``i``).
+        top_ks: optional ``[B]`` per-request top-k; rows with ``top_k <= 1``
+            propose ``argmax(probs)`` (first index) instead of a random draw.
+    """
+    if probs.dim() != 2:
+        raise ValueError(f"probs must be [B, V], got shape {tuple(probs.shape)}")
+    bs = probs.shape[0]
+    if sampling_seed is None or positions is None:
+        raise ValueError(
+            "seeded_draft_proposal needs sampling_seed and positions; the "
+            "DETSPEC workers only call it under --enable-deterministic-inference"
+        )
+    if sampling_seed.shape[0] != bs or positions.shape[0] != bs:
+        raise ValueError(
+            "sampling_seed and positions need one entry per probs row: "
+            f"probs {tuple(probs.shape)}, sampling_seed "
+            f"{tuple(sampling_seed.shape)}, positions {tuple(positions.shape)}"
+        )
+    greedy = greedy_mask_from_top_ks(top_ks, bs)
+    if probs.is_cuda:
+        # Imported lazily: the kernel module defines Triton kernels, which must
+        # be imported after TRITON_INTERPRET is decided (tests set it on CPU).
+        from sglang_detspec.kernels import seeded_draft_sample
+    else:
+        from sglang_detspec.reference import seeded_draft_sample
+    return seeded_draft_sample(
+        probs, sampling_seed, positions, int(draft_step), greedy=greedy
+    )
