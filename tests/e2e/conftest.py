@@ -1,0 +1,56 @@
+"""Fixtures for the end-to-end tests (real SGLang servers on the tiny dummy-weight models).
+
+A session-wide :class:`e2e_harness.ServerPool` starts, on first use, every server configuration named
+by an ``e2e_server("<name>")`` marker on the selected tests, all at once, and stops them at the end
+of the session. Tests ask for a ready server with ``e2e_pool.ready(name)``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import e2e_harness  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e_server(name): the SGLang server configuration the test needs")
+
+
+class _Pool(e2e_harness.ServerPool):
+    def ready(self, name: str) -> e2e_harness.Server:
+        srv = self.get(name)
+        srv.wait_ready(self.timeout)
+        if not srv.alive():
+            pytest.fail(f"server {name} died; log tail:\n{srv.log_tail(80)}")
+        return srv
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    reason = e2e_harness.e2e_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from sglang_detspec.tiny_models import ensure_tiny_models
+
+    root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
+    return ensure_tiny_models(Path(root) if root else None)
+
+
+@pytest.fixture(scope="session")
+def e2e_pool(request, tiny_models):
+    pool = _Pool(e2e_harness.server_specs(tiny_models))
+    needed = []
+    for item in request.session.items:
+        for m in item.iter_markers("e2e_server"):
+            if m.args[0] not in needed:
+                needed.append(m.args[0])
+    pool.prelaunch = needed
+    e2e_harness.record("_servers_planned", needed)
+    yield pool
+    startup = {n: s.startup_s for n, s in pool.servers.items()}
+    pool.close()
+    e2e_harness.record("_server_startup_s", startup)

@@ -1,0 +1,446 @@
+"""Harness for the end-to-end tests: real ``python -m sglang.launch_server`` processes on the tiny
+dummy-weight model pair, HTTP trials whose batch composition changes, and a JSON results file.
+
+Only the standard library is used at import time, so the test modules import (and skip) on a machine
+without a GPU or without SGLang. Server start-up costs 70-120 s on an H200 for the tiny pair, so the
+:class:`ServerPool` starts every configuration the selected tests need *at once* (they are small: a
+capped KV pool each) and each test waits only for its own server.
+
+Environment knobs (all optional):
+
+* ``DETSPEC_E2E_OUT``       -- directory for ``e2e_results.json`` and the server logs
+                               (default: ``$TMPDIR/detspec-e2e``);
+* ``DETSPEC_E2E_PARALLEL``  -- ``0`` starts servers one at a time instead of all at once;
+* ``DETSPEC_E2E_START_TIMEOUT`` -- seconds to wait for one server (default 600);
+* ``DETSPEC_E2E_EXTRA_ARGS`` -- extra ``launch_server`` arguments appended to every configuration.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+RUN_HINT = "run scripts/run_gpu_checks.sh on a CUDA machine with sglang installed"
+
+# ---------------------------------------------------------------------------------------------
+# Skip logic
+
+
+def e2e_skip_reason() -> Optional[str]:
+    """Why the E2E tests cannot run here, or None. Never imports SGLang (its import is slow and
+    pulls CUDA extensions); only checks that it is installed and that torch sees a CUDA GPU."""
+    if importlib.util.find_spec("sglang") is None:
+        return f"needs sglang installed; {RUN_HINT}"
+    try:
+        import torch
+    except ImportError:
+        return f"needs torch; {RUN_HINT}"
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU; {RUN_HINT}"
+    return None
+
+
+def sglang_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        import sglang  # a source checkout on PYTHONPATH has no dist-info
+
+        return getattr(sglang, "__version__", "unknown")
+
+
+def version_tuple(v: str) -> tuple:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results file
+
+
+def out_dir() -> Path:
+    d = Path(os.environ.get("DETSPEC_E2E_OUT") or (Path(tempfile.gettempdir()) / "detspec-e2e"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+_results_lock = threading.Lock()
+
+
+def results_path() -> Path:
+    return out_dir() / "e2e_results.json"
+
+
+def load_results() -> dict:
+    p = results_path()
+    if p.is_file():
+        try:
+            return json.loads(p.read_text())
+        except ValueError:
+            return {}
+    return {}
+
+
+def record(key: str, value) -> None:
+    """Merge ``value`` under ``key`` into the results JSON, rewriting it at once so a run killed by
+    a time limit still leaves every number measured so far."""
+    with _results_lock:
+        data = load_results()
+        data[key] = value
+        data.setdefault("_meta", {})
+        data["_meta"].update({"sglang": _safe_version(), "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        tmp = results_path().with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, results_path())
+    print(f"[detspec-e2e] {key} = {json.dumps(value)[:400]}", flush=True)
+
+
+def _safe_version() -> str:
+    try:
+        return sglang_version()
+    except Exception:  # pragma: no cover - informational only
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# Server configurations
+
+SPEC_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+# Decode batches 1..8 replay CUDA graphs, 9..16 run eagerly: the 16 trials cover both paths.
+CUDA_GRAPH_MAX_BS = 8
+
+
+def common_args(target: Path) -> List[str]:
+    return [
+        "--model-path", str(target),
+        "--load-format", "dummy",          # weights from a fixed seed: identical every launch
+        "--dtype", "bfloat16",
+        "--attention-backend", "triton",
+        "--sampling-backend", "pytorch",
+        "--mem-fraction-static", "0.25",
+        # A capped KV pool keeps each server small, so several can start side by side.
+        "--max-total-tokens", "65536",
+        "--max-running-requests", "32",
+        "--cuda-graph-max-bs-decode", str(CUDA_GRAPH_MAX_BS),
+        "--context-length", "4096",
+        "--host", "127.0.0.1",
+        "--log-level", "info",
+    ]
+
+
+GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+
+
+@dataclass
+class ServerSpec:
+    name: str
+    args: List[str]
+    expect_exit: bool = False  # True: the configuration is expected to be refused at start-up
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+def server_specs(models) -> Dict[str, ServerSpec]:
+    """Every configuration the E2E tests use, by name. ``models`` is a ``TinyModels``."""
+    base = common_args(models.target)
+    eagle = ["--speculative-draft-model-path", str(models.eagle_draft)] + SPEC_SHAPE
+    eagle3 = ["--speculative-draft-model-path", str(models.eagle3_draft)] + SPEC_SHAPE
+    det = ["--enable-deterministic-inference"]
+    rs = ["--speculative-use-rejection-sampling"]
+    return {
+        "detspec_eagle_graph": ServerSpec("detspec_eagle_graph", base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det),
+        "detspec_eagle_nograph": ServerSpec(
+            "detspec_eagle_nograph", base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det + GRAPHS_OFF
+        ),
+        "detspec_eagle3_graph": ServerSpec("detspec_eagle3_graph", base + eagle3 + ["--speculative-algorithm", "DETSPEC_EAGLE3"] + det),
+        "builtin_eagle_rs": ServerSpec("builtin_eagle_rs", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs),
+        "builtin_eagle_rs_det": ServerSpec(
+            "builtin_eagle_rs_det",
+            base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + det,
+            # sglang 0.5.17-0.5.22 refuse this combination; 0.5.23 accepts it (seeded in-tree).
+            expect_exit=version_tuple(_safe_version()) < (0, 5, 23),
+        ),
+    }
+
+
+def free_port(start: int) -> int:
+    """First port >= start that is free on 127.0.0.1, stepping by 50 so that the few ports each
+    server derives from its own (NCCL, metrics) do not collide with the next server's."""
+    port = start
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                port += 50
+
+
+# ---------------------------------------------------------------------------------------------
+# Server process
+
+
+class ServerStartError(RuntimeError):
+    pass
+
+
+class Server:
+    def __init__(self, spec: ServerSpec, port: int, log_path: Path):
+        self.spec = spec
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.proc: Optional[subprocess.Popen] = None
+        self.ready = False
+        self.startup_s: Optional[float] = None
+        self._t0 = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def command(self) -> List[str]:
+        extra = shlex.split(os.environ.get("DETSPEC_E2E_EXTRA_ARGS", ""))
+        return [sys.executable, "-m", "sglang.launch_server", *self.spec.args, "--port", str(self.port), *extra]
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        # An accidental hub lookup must fail fast instead of hanging on a machine without network.
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.pop("TRITON_INTERPRET", None)  # the server must compile real kernels
+        env.update(self.spec.env)
+        cmd = self.command()
+        log = open(self.log_path, "w", buffering=1)
+        log.write("$ " + shlex.join(cmd) + "\n")
+        self._t0 = time.time()
+        # A new session makes the server and its scheduler/detokenizer children one process group,
+        # so stop() can end them all without touching anything else.
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+        print(f"[detspec-e2e] started {self.name} pid={self.proc.pid} port={self.port} log={self.log_path}", flush=True)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> None:
+        if self.ready:
+            return
+        deadline = self._t0 + timeout
+        while time.time() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerStartError(
+                    f"server {self.name} exited with code {rc} during start-up; log {self.log_path}:\n{self.log_tail(80)}"
+                )
+            try:
+                with urllib.request.urlopen(self.base_url + "/health_generate", timeout=10) as r:
+                    if r.status == 200:
+                        self.ready = True
+                        self.startup_s = round(time.time() - self._t0, 1)
+                        print(f"[detspec-e2e] {self.name} ready after {self.startup_s} s", flush=True)
+                        return
+            except (urllib.error.URLError, ConnectionError, socket.timeout, OSError):
+                pass
+            time.sleep(2)
+        raise ServerStartError(f"server {self.name} not ready after {timeout} s; log {self.log_path}:\n{self.log_tail(80)}")
+
+    def wait_exit(self, timeout: float) -> Optional[int]:
+        try:
+            return self.proc.wait(timeout=max(0.0, self._t0 + timeout - time.time()))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        else:
+            # The leader is gone; its children (same group) may linger.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+class ServerPool:
+    """Starts configurations on demand; the first request starts every name in ``prelaunch`` at
+    once (start-up is mostly CPU-side compilation and graph capture, which overlap well)."""
+
+    def __init__(self, specs: Dict[str, ServerSpec]):
+        self.specs = specs
+        self.servers: Dict[str, Server] = {}
+        self.prelaunch: List[str] = []
+        self._next_port = 31000
+        self.parallel = os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0"
+        self.timeout = float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600"))
+
+    def _start(self, name: str) -> Server:
+        port = free_port(self._next_port)
+        self._next_port = port + 200
+        srv = Server(self.specs[name], port, out_dir() / f"server-{name}.log")
+        srv.start()
+        self.servers[name] = srv
+        return srv
+
+    def get(self, name: str) -> Server:
+        if name not in self.servers:
+            if self.parallel:
+                for other in self.prelaunch:
+                    if other not in self.servers:
+                        self._start(other)
+            if name not in self.servers:
+                self._start(name)
+        return self.servers[name]
+
+    def release(self, name: str) -> None:
+        srv = self.servers.get(name)
+        if srv is not None:
+            srv.stop()
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+class HTTPStatusError(RuntimeError):
+    def __init__(self, status: int, body: str):
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+def post_json(base_url: str, path: str, payload: dict, timeout: float = 300) -> dict:
+    req = urllib.request.Request(
+        base_url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read().decode())
+    except urllib.error.HTTPError as e:
+        raise HTTPStatusError(e.code, e.read().decode(errors="replace")) from None
+
+
+def get_json(base_url: str, path: str, timeout: float = 60) -> dict:
+    with urllib.request.urlopen(base_url + path, timeout=timeout) as r:
+        return json.loads(r.read().decode())
+
+
+PROBE_PROMPT = "The river ran past the old mill, where the miller kept a ledger of"
+PROBE_MAX_NEW_TOKENS = 48
+FILLER_BASE = (
+    "Speculative decoding lets a small draft model propose several tokens that a large target model "
+    "then checks in one forward pass. "
+)
+
+
+def probe_params(seed: int, max_new_tokens: int = PROBE_MAX_NEW_TOKENS) -> dict:
+    return {"temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, "sampling_seed": seed}
+
+
+def generate(base_url: str, text: str, sampling_params: dict, timeout: float = 300) -> dict:
+    return post_json(base_url, "/generate", {"text": text, "sampling_params": sampling_params}, timeout=timeout)
+
+
+def output_key(resp: dict) -> tuple:
+    """What "the same output" means: the generated token ids (the text too, as a cross-check)."""
+    ids = resp.get("output_ids")
+    return (tuple(ids) if ids is not None else None, resp.get("text"))
+
+
+def accept_length(resp: dict) -> Optional[float]:
+    meta = resp.get("meta_info", {})
+    ct = meta.get("spec_verify_ct")
+    if not ct:
+        return None
+    return meta["completion_tokens"] / ct
+
+
+def filler_request(i: int) -> tuple:
+    """The i-th filler: a different prompt length and output length per index, its own seed, so
+    the probe shares each trial's batches with a different mix of sequence lengths."""
+    text = FILLER_BASE * (1 + (i * 5) % 11) + f" Filler number {i}."
+    params = {"temperature": 1.0, "max_new_tokens": 24 + (i * 17) % 73, "ignore_eos": True, "sampling_seed": 1000 + i}
+    return text, params
+
+
+def changing_batch_trials(base_url: str, seed: int, n_trials: int = 16, prompt: str = PROBE_PROMPT,
+                          max_new_tokens: int = PROBE_MAX_NEW_TOKENS) -> List[dict]:
+    """Trial t (1-based) sends the probe together with t-1 concurrent fillers; returns the probe's
+    responses. All requests of a trial are released by one barrier so they share batches."""
+    probes = []
+    for t in range(1, n_trials + 1):
+        reqs = [(prompt, probe_params(seed, max_new_tokens))] + [filler_request(i) for i in range(t - 1)]
+        barrier = threading.Barrier(len(reqs))
+
+        def send(r):
+            barrier.wait()
+            return generate(base_url, r[0], r[1])
+
+        with ThreadPoolExecutor(max_workers=len(reqs)) as ex:
+            results = list(ex.map(send, reqs))
+        probes.append(results[0])
+    return probes
+
+
+def summarize_trials(probes: Sequence[dict]) -> dict:
+    keys = [output_key(p) for p in probes]
+    accept = [accept_length(p) for p in probes]
+    acc = [a for a in accept if a is not None]
+    return {
+        "trials": len(probes),
+        "unique_outputs": len(set(keys)),
+        "accept_length_per_trial": [round(a, 4) if a is not None else None for a in accept],
+        "mean_accept_length": round(sum(acc) / len(acc), 4) if acc else None,
+        "verify_steps_per_trial": [p.get("meta_info", {}).get("spec_verify_ct") for p in probes],
+        "completion_tokens": probes[0].get("meta_info", {}).get("completion_tokens") if probes else None,
+        "first_output_ids": list(keys[0][0]) if keys and keys[0][0] is not None else None,
+        "first_output_text": keys[0][1] if keys else None,
+    }
