@@ -722,15 +722,16 @@ def build_serve_command(
     passthrough: Sequence[str] = (),
     tiny_models_dir: str | None = None,
     env: dict | None = None,
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], dict[str, str | None]]:
     """The ``sglang.launch_server`` command line and the environment changes for ``serve``.
 
     A flag given in ``passthrough`` replaces the default for that flag (SGLang's argparse would keep the last
     occurrence anyway; dropping ours keeps the printed command unambiguous).  With no ``model_path`` the
     embedded tiny target + draft pair is built once (cached) and served with dummy weights and no network.
+    ``env_changes`` maps a variable to its new value, or to None for a variable to unset.
     """
     env = dict(os.environ if env is None else env)
-    env_changes: dict[str, str] = {}
+    env_changes: dict[str, str | None] = {}  # None: unset
     tiny = model_path is None
     if tiny:
         if draft_model_path is not None:
@@ -748,6 +749,10 @@ def build_serve_command(
         for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
             if env.get(k) != "1":
                 env_changes[k] = "1"
+
+    if "TRITON_INTERPRET" in env:
+        # Set for CPU tests; a GPU server under the Triton interpreter would crawl (or fail to launch kernels).
+        env_changes["TRITON_INTERPRET"] = None
 
     plugins = env.get("SGLANG_PLUGINS")
     if plugins and "detspec" not in [p.strip() for p in plugins.split(",")]:
@@ -771,6 +776,7 @@ def build_serve_command(
         defaults += [
             ("--load-format", ["dummy"]),
             ("--speculative-draft-load-format", ["dummy"]),
+            ("--dtype", ["bfloat16"]),
             # A few MiB of weights: leave the GPU's memory to others rather than a KV cache nobody needs.
             ("--mem-fraction-static", ["0.3"]),
         ]
@@ -850,7 +856,7 @@ def cmd_serve(args: argparse.Namespace, passthrough: list[str]) -> int:
             raise CliError("SGLang is not installed in this Python environment (pip install sglang)")
         if not _cuda_available():
             raise CliError(
-                "serve needs a CUDA GPU and torch sees none on this machine (torch.cuda.is_available() is False); "
+                "a CUDA GPU is needed and torch sees none on this machine (torch.cuda.is_available() is False); "
                 f"`{PROG} demo` runs on CPU, `{PROG} serve --dry-run` prints the launch command"
             )
     cmd, env_changes = build_serve_command(
@@ -866,8 +872,12 @@ def cmd_serve(args: argparse.Namespace, passthrough: list[str]) -> int:
         passthrough=passthrough,
         tiny_models_dir=args.tiny_models_dir,
     )
-    printable = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_changes.items())
-    printable = (printable + " " if printable else "") + shlex.join(cmd)
+    printable = shlex.join(cmd)
+    if env_changes:
+        # env(1) takes its -u options before the NAME=VALUE assignments.
+        unset = [f"-u {k}" for k, v in env_changes.items() if v is None]
+        assign = [f"{k}={shlex.quote(v)}" for k, v in env_changes.items() if v is not None]
+        printable = " ".join(["env", *unset, *assign, printable])
     if args.dry_run:
         print(printable)
         return EXIT_OK
@@ -878,7 +888,8 @@ def cmd_serve(args: argparse.Namespace, passthrough: list[str]) -> int:
             file=sys.stderr,
         )
     print(f"{PROG}: {printable}", file=sys.stderr, flush=True)
-    return run_forwarding_signals(cmd, {**os.environ, **env_changes})
+    env = {k: v for k, v in {**os.environ, **env_changes}.items() if v is not None}
+    return run_forwarding_signals(cmd, env)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -909,6 +920,12 @@ def cmd_bench(args: argparse.Namespace, passthrough: list[str]) -> int:
 class DemoResult:
     text: str
     passed: bool
+    # The inputs and draws behind the table, so that tests can recompute them independently.
+    probs: Any = None
+    seeds: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    columns: dict[str, list[int]] = field(default_factory=dict)
+    reseeded: list[int] = field(default_factory=list)
 
 
 def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 512, extra: int = 24) -> DemoResult:
@@ -988,28 +1005,42 @@ def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 51
     widths = [max(len(n), 5) for n in names]
     header = f"{'req':>3} {'seed':>13} {'pos':>5} | " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths)) + " | seed+1"
     lines = [
-        f"{PROG} demo: seeded draft sampling, reference implementation on CPU (vocab {vocab})",
-        "A request's draft token depends on (seed, position, draft step, its own probabilities) only.",
+        f"{PROG} demo: the seeded draft sampler (SGLang 0.5.23's key, reference implementation, CPU, vocab {vocab})",
+        "Token drawn by each request alone, in one batch, permuted, split, among other requests; then with seed+1:",
         "",
         header,
         "-" * len(header),
     ]
     for i in range(batch):
         cells = "  ".join(f"{col[i]:>{w}}" for (_, col), w in zip(columns, widths))
-        flag = "" if same[i] else "  <- differs"
+        flag = "" if same[i] else "  <- batch-dependent!"
         lines.append(f"{i:>3} {int(seeds[i]):>13} {int(positions[i]):>5} | {cells} | {reseeded[i]:>6}{flag}")
     lines.append("")
     ok_layout = all(same)
     ok_seed = any(changed)
     ok_dist = dev <= limit
-    lines.append(f"[{'ok' if ok_layout else 'FAIL'}] same token alone, batched, permuted, split, among others: "
-                 f"{sum(same)}/{batch} requests")
-    lines.append(f"[{'ok' if ok_seed else 'FAIL'}] seed+1 draws a new token: {sum(changed)}/{batch} requests "
-                 "(independent draws may coincide by chance)")
-    lines.append(f"[{'ok' if ok_dist else 'FAIL'}] draws follow the probabilities: {n_seeds} seeds on "
-                 f"p = {[round(x, 2) for x in small.tolist()]}, max |freq - p| = {dev:.3f} (limit {limit:.3f})")
-    lines.append(f"contrast: one shared RNG (torch.multinomial): permuting the batch changed {shared_changed}/{batch} tokens")
-    return DemoResult(text="\n".join(lines), passed=ok_layout and ok_seed and ok_dist)
+    mark = {True: "[ok]  ", False: "[FAIL]"}
+    lines.append(f"{mark[ok_layout]} batch-invariant: {sum(same)}/{batch} requests drew one token in all "
+                 f"{len(columns)} layouts")
+    lines.append(f"{mark[ok_seed]} seed-dependent: seed+1 drew a new token for {sum(changed)}/{batch} requests "
+                 "(independent draws may coincide)")
+    lines.append(f"{mark[ok_dist]} a true sampler: over {n_seeds} seeds, draws from p = "
+                 f"{[round(x, 2) for x in small.tolist()]} hit each token at rate p +- {dev:.3f} "
+                 f"(limit {limit:.3f})")
+    lines.append(f"[info] contrast, one shared RNG (torch.multinomial): permuting the batch changed "
+                 f"{shared_changed}/{batch} tokens")
+    verdict = ok_layout and ok_seed and ok_dist
+    lines.append("PASS: a request's seed, not its batch, decides its token" if verdict else
+                 "FAIL: an invariant does not hold (see [FAIL] above)")
+    return DemoResult(
+        text="\n".join(lines),
+        passed=verdict,
+        probs=probs,
+        seeds=seeds.tolist(),
+        positions=positions.tolist(),
+        columns=dict(columns),
+        reseeded=reseeded,
+    )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,150 @@
+"""``sglang-detspec demo`` (live invariant checks on the reference sampler) and the command's general surface:
+``--help`` everywhere, a light import, ``bench`` delegation."""
+
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_detspec import cli
+from sglang_detspec.reference import seeded_draft_sample
+
+
+def run(*args, exe=None, timeout=180):
+    cmd = [exe] if exe else [sys.executable, "-m", "sglang_detspec"]
+    proc = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+) \|((?:\s+\d+)+) \|\s+(\d+)")
+
+
+def test_demo_passes_and_table_is_consistent():
+    proc = run("demo")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    rows = [ROW.match(line) for line in out.splitlines()]
+    rows = [r for r in rows if r]
+    assert len(rows) == 8
+    changed = 0
+    for r in rows:
+        layouts = r.group(4).split()
+        assert len(layouts) == 5 and len(set(layouts)) == 1, r.group(0)
+        changed += r.group(5) != layouts[0]
+    assert changed >= 1
+    assert out.count("[ok]") == 3 and "[FAIL]" not in out
+    assert "PASS" in out
+    assert len(out.splitlines()) <= 25  # compact: one screen
+
+
+def test_demo_table_is_the_reference_draws():
+    """Each printed row is that request's reference draw, recomputed here one request at a time."""
+    res = cli.run_demo()
+    rows = [r for r in (ROW.match(line) for line in res.text.splitlines()) if r]
+    assert len(rows) == len(res.seeds) == 8
+    for i, r in enumerate(rows):
+        seed, pos = int(r.group(2)), int(r.group(3))
+        assert (seed, pos) == (res.seeds[i], res.positions[i])
+        p = res.probs[i : i + 1]
+        _, idx = seeded_draft_sample(p, torch.tensor([seed]), torch.tensor([pos]), 0)
+        assert [int(x) for x in r.group(4).split()] == [idx.item()] * 5
+        _, idx1 = seeded_draft_sample(p, torch.tensor([seed + 1]), torch.tensor([pos]), 0)
+        assert int(r.group(5)) == idx1.item()
+
+
+def _batch_dependent(probs, seeds, positions, step):
+    # A sampler whose key leaks the batch size: what the demo exists to rule out.
+    return seeded_draft_sample(probs, seeds, positions + probs.shape[0], step)
+
+
+def _seed_blind(probs, seeds, positions, step):
+    idx = probs.argmax(dim=-1, keepdim=True)
+    return probs.gather(1, idx), idx
+
+
+def _biased(probs, seeds, positions, step):
+    sq = probs * probs
+    return seeded_draft_sample((sq / sq.sum(-1, keepdim=True)).float(), seeds, positions, step)
+
+
+@pytest.mark.parametrize(
+    "sampler, failing",
+    [(_batch_dependent, ["batch-invariant"]), (_seed_blind, ["seed-dependent", "a true sampler"]),
+     (_biased, ["a true sampler"])],
+)
+def test_demo_detects_broken_samplers(sampler, failing):
+    res = cli.run_demo(sampler)
+    assert not res.passed
+    for line in res.text.splitlines():
+        for name in ("batch-invariant", "seed-dependent", "a true sampler"):
+            if name in line and line.startswith("["):
+                assert line.startswith("[FAIL]") == (name in failing), line
+    assert "FAIL: an invariant does not hold" in res.text
+
+
+def test_demo_bad_batch_is_usage_error():
+    proc = run("demo", "--batch", "1")
+    assert proc.returncode == 2 and "--batch" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "check", "bench", "demo"])
+def test_help_for_every_command(command):
+    proc = run(command, "--help")
+    assert proc.returncode == 0
+    assert f"usage: sglang-detspec {command}" in proc.stdout
+    assert "examples:" in proc.stdout
+
+
+def test_main_help_and_no_command():
+    proc = run("--help")
+    assert proc.returncode == 0 and "examples:" in proc.stdout
+    for c in ("serve", "check", "bench", "demo"):
+        assert c in proc.stdout
+    proc = run()
+    assert proc.returncode == 2 and "usage: sglang-detspec" in proc.stdout
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "sglang-detspec"
+    if not exe.exists():
+        pytest.skip("the sglang-detspec console script is not installed in this environment (pip install -e .)")
+    proc = run("--version", exe=str(exe))
+    assert proc.returncode == 0 and proc.stdout.startswith("sglang-detspec ")
+
+
+def test_import_is_light():
+    code = (
+        "import sys, sglang_detspec.cli; "
+        "print(sorted(m for m in ('torch', 'requests', 'sglang', 'tqdm', 'urllib3', 'matplotlib') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_bench_passes_arguments_and_exit_code(monkeypatch):
+    # The real benchmark needs a GPU; a stand-in module records what the CLI hands it.
+    calls = []
+    fake = types.ModuleType("sglang_detspec.benchmark")
+    fake.main = lambda argv: calls.append(argv) or 3
+    monkeypatch.setitem(sys.modules, "sglang_detspec.benchmark", fake)
+    import sglang_detspec
+
+    monkeypatch.setattr(sglang_detspec, "benchmark", fake, raising=False)
+    assert cli.main(["bench", "--batch-sizes", "1,8", "--", "--out", "x.csv"]) == 3
+    assert calls == [["--batch-sizes", "1,8", "--out", "x.csv"]]
+
+
+def test_bench_missing_module_is_one_clear_line(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "sglang_detspec.benchmark", None)
+    import sglang_detspec
+
+    monkeypatch.delattr(sglang_detspec, "benchmark", raising=False)
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "benchmark" in err[0] and "not part of this installation" in err[0]

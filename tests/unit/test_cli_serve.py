@@ -1,0 +1,185 @@
+"""``sglang-detspec serve``: the launch command it builds, its refusal without a GPU, signal forwarding."""
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from sglang_detspec.tiny_models import ensure_tiny_models
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def cli(*args, env=None, timeout=120):
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_detspec", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
+def split_dry_run(stdout: str):
+    """``env [-u X] [K=V ...] python -m sglang.launch_server ARGS`` -> (env assignments, unset names, ARGS)."""
+    words = shlex.split(stdout.strip())
+    assign, unset = {}, set()
+    if words[0] == "env":
+        words = words[1:]
+        while words[0] == "-u":
+            unset.add(words[1])
+            words = words[2:]
+        while "=" in words[0] and not words[0].startswith("/"):
+            k, v = words[0].split("=", 1)
+            assign[k] = v
+            words = words[1:]
+    assert words[:3] == [sys.executable, "-m", "sglang.launch_server"], words[:3]
+    return assign, unset, words[3:]
+
+
+def opt(args, flag):
+    """Value of ``flag`` in an argv list; asserts it occurs exactly once."""
+    assert args.count(flag) == 1, (flag, args)
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without a CUDA GPU")
+def test_serve_refuses_cleanly_without_gpu():
+    proc = cli("serve")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "CUDA GPU" in lines[0] and "demo" in lines[0]
+    assert proc.stdout == ""
+
+
+def test_dry_run_tiny_models(tmp_path):
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assign, unset, args = split_dry_run(proc.stdout)
+    models = ensure_tiny_models(tmp_path)  # already built by the command: same directories
+    assert opt(args, "--model-path") == str(models.target)
+    assert opt(args, "--speculative-draft-model-path") == str(models.eagle_draft)
+    assert opt(args, "--speculative-algorithm") == "DETSPEC_EAGLE"
+    assert args.count("--enable-deterministic-inference") == 1
+    assert opt(args, "--speculative-num-steps") == "3"
+    assert opt(args, "--speculative-eagle-topk") == "1"
+    assert opt(args, "--speculative-num-draft-tokens") == "4"
+    assert opt(args, "--attention-backend") == "triton"
+    assert opt(args, "--load-format") == "dummy"
+    assert opt(args, "--speculative-draft-load-format") == "dummy"
+    assert opt(args, "--port") == "30000"
+    # Offline: the tiny models have a local tokenizer and no weights; the GPU server must not be interpreted.
+    assert assign.get("HF_HUB_OFFLINE") == "1"
+    assert "TRITON_INTERPRET" in unset
+    assert (models.target / "tokenizer.json").is_file()
+
+
+def test_dry_run_eagle3_and_passthrough(tmp_path):
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--algorithm", "DETSPEC_EAGLE3",
+               "--port", "31234", "--mem-fraction-static", "0.5", "--", "--log-level", "debug")
+    assert proc.returncode == 0, proc.stderr
+    _, _, args = split_dry_run(proc.stdout)
+    models = ensure_tiny_models(tmp_path)
+    assert opt(args, "--speculative-draft-model-path") == str(models.eagle3_draft)
+    assert opt(args, "--speculative-algorithm") == "DETSPEC_EAGLE3"
+    assert opt(args, "--port") == "31234"
+    # A passed-through flag replaces the default instead of appearing twice.
+    assert opt(args, "--mem-fraction-static") == "0.5"
+    assert args[-2:] == ["--log-level", "debug"]
+
+
+def test_dry_run_user_model(tmp_path):
+    proc = cli("serve", "--dry-run", "--model-path", "org/target", "--draft-model-path", "org/draft",
+               "--attention-backend", "fa3", "--", "--tp", "2", env={"SGLANG_PLUGINS": "other"})
+    assert proc.returncode == 0, proc.stderr
+    assign, _, args = split_dry_run(proc.stdout)
+    assert opt(args, "--model-path") == "org/target"
+    assert opt(args, "--speculative-draft-model-path") == "org/draft"
+    assert opt(args, "--attention-backend") == "fa3"
+    assert "--load-format" not in args and "--mem-fraction-static" not in args
+    assert args[-2:] == ["--tp", "2"]
+    assert "HF_HUB_OFFLINE" not in assign
+    # SGLANG_PLUGINS filters entry points: ours must stay in the list or DETSPEC_EAGLE is unknown.
+    assert assign["SGLANG_PLUGINS"] == "other,detspec"
+
+
+def test_dry_run_command_parses_with_installed_sglang(tmp_path):
+    """Every flag serve emits exists in the installed SGLang's own launch_server parser (0.5.17 and 0.5.23)."""
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    _, _, args = split_dry_run(proc.stdout)
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(args)
+    assert ns.model_path == str(ensure_tiny_models(tmp_path).target)
+    assert ns.speculative_algorithm == "DETSPEC_EAGLE"
+    assert ns.enable_deterministic_inference is True
+    assert ns.speculative_num_draft_tokens == 4 and ns.speculative_eagle_topk == 1
+    assert ns.load_format == "dummy"
+
+
+def test_unknown_option_for_other_commands_is_usage_error():
+    proc = cli("demo", "--no-such-flag")
+    assert proc.returncode == 2
+    assert "unrecognized arguments: --no-such-flag" in proc.stderr
+
+
+CHILD = textwrap.dedent(
+    """
+    import signal, sys, time, pathlib
+    out = pathlib.Path(sys.argv[1])
+    def on(signum, frame):
+        out.write_text(f"got {signum}")
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, on)
+    signal.signal(signal.SIGINT, on)
+    out.write_text("ready")
+    time.sleep(60)
+    sys.exit(0)
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_are_forwarded_and_exit_code_returned(tmp_path, sig):
+    child = tmp_path / "child.py"
+    child.write_text(CHILD)
+    out = tmp_path / "out.txt"
+    wrapper = (
+        "import sys; from sglang_detspec.cli import run_forwarding_signals; "
+        f"sys.exit(run_forwarding_signals([sys.executable, {str(child)!r}, {str(out)!r}]))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", wrapper])
+    try:
+        deadline = time.time() + 60
+        while not (out.exists() and out.read_text() == "ready"):
+            assert time.time() < deadline, "child did not start"
+            assert proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.read_text() == f"got {int(sig)}"
+    assert rc == 7
+
+
+def test_killed_child_exit_code(tmp_path):
+    from sglang_detspec.cli import run_forwarding_signals
+
+    rc = run_forwarding_signals([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert rc == 128 + 9
+    assert run_forwarding_signals([sys.executable, "-c", "raise SystemExit(3)"]) == 3
