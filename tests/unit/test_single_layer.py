@@ -1,0 +1,387 @@
+"""DETSPEC single-layer draft sites call seeded_draft_proposal with 0.5.23's keys.
+
+Each test drives the *real* upstream method body of the installed SGLang
+(0.5.17 or 0.5.23; ``DetspecEagleDraftWorker`` runs it with DETSPEC sampling
+names) on CPU. Only what needs a GPU model is faked: the draft model runner's
+``forward`` (a fixed logits table indexed by input token), attention backends
+(no-ops) and, for the extend sites, ForwardBatch construction.
+
+``seeded_draft_proposal`` is replaced by a recorder whose draw is a simple
+function of the key, ``(seed + position + 7 * step) % V`` (argmax of q for
+greedy rows), so the returned token chain also reveals a wrong key.
+Expectations are written from the BRIEF's key table, not from the code:
+    prefill draft-extend : (seed, L, 0)
+    draft-decode step i  : (seed, seq_lens + i + 1, i + 1)
+    decode draft-extend  : (seed, new_seq_lens, 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang.srt.runtime_context import get_context
+
+from sglang_detspec.integration import proposal as proposal_mod
+from sglang_detspec.integration import single_layer as sl
+
+V = 48
+HIDDEN = 8
+TOP_K_ALL = 1 << 30
+
+
+# ---------------------------------------------------------------------------
+# Fixtures and fakes
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _eager_torch_compile():
+    # Upstream's _select_top_k_tokens_later is @torch.compile; inductor on CPU
+    # would need a C++ toolchain and minutes. Run it eagerly.
+    import torch._dynamo
+
+    with torch._dynamo.config.patch(disable=True):
+        yield
+
+
+@contextlib.contextmanager
+def published(**overrides):
+    fields = dict(
+        enable_deterministic_inference=True,
+        speculative_use_rejection_sampling=True,
+        speculative_eagle_topk=1,
+        speculative_num_steps=4,
+        speculative_num_draft_tokens=5,
+        speculative_algorithm="EAGLE",
+    )
+    fields.update(overrides)
+    with get_context().override_server_args(**fields):
+        yield
+
+
+class Recorder:
+    """Stands in for seeded_draft_proposal; records every key it is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, probs, sampling_seed, positions, draft_step, top_ks=None):
+        bs = probs.shape[0]
+        self.calls.append(
+            dict(
+                probs=probs,
+                seed=sampling_seed.clone(),
+                positions=positions.to(torch.int64).clone(),
+                step=int(draft_step),
+                top_ks=None if top_ks is None else top_ks[:bs].clone(),
+            )
+        )
+        idx = (sampling_seed + positions.to(torch.int64) + 7 * int(draft_step)) % probs.shape[1]
+        idx = idx.view(-1, 1)
+        if top_ks is not None:
+            greedy = (top_ks[:bs] <= 1).view(-1, 1)
+            idx = torch.where(greedy, probs.argmax(dim=-1, keepdim=True), idx)
+        return probs.gather(1, idx), idx
+
+
+def key_token(seed, pos, step):
+    return (seed + pos + 7 * step) % V
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = Recorder()
+    monkeypatch.setattr(proposal_mod, "seeded_draft_proposal", rec)
+    return rec
+
+
+class FakeDraftRunner:
+    """The draft ModelRunner, reduced to a logits table lookup."""
+
+    def __init__(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(V, V, generator=g) * 3
+        self.model_config = SimpleNamespace(
+            hf_config=SimpleNamespace(architectures=["LlamaForCausalLMEagle"]),
+            model_is_mrope=False,
+            vocab_size=V,
+        )
+        self.canary_manager = None
+        self.forward_inputs = []
+
+    def forward(self, forward_batch, *args, **kwargs):
+        ids = forward_batch.input_ids.to(torch.int64)
+        self.forward_inputs.append(ids.clone())
+        logits = self.table[ids]
+        hidden = torch.zeros(ids.shape[0], HIDDEN)
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
+        )
+
+
+def make_worker(num_steps=4):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    w = object.__new__(sl.DetspecEagleDraftWorker)
+    w.topk = 1
+    w.speculative_num_steps = num_steps
+    w.speculative_num_draft_tokens = num_steps + 1
+    w.hot_token_id = None
+    w._topk1_parents_prealloc = torch.zeros((64, num_steps), dtype=torch.int64)
+    w._topk1_score_indices_prealloc = torch.zeros((64, num_steps + 1), dtype=torch.int64)
+    w.index_share_for_mtp_iteration = False
+    w.seed_dsa_topk_from_draft_extend = False
+    w.draft_runner = FakeDraftRunner()
+    w.draft_attn_backend = SimpleNamespace(attn_backends=[None] * num_steps)
+    w.speculative_algorithm = SpeculativeAlgorithm.EAGLE
+    w.device = "cpu"
+    w.plan_stream = None
+    w.plan_stream_ctx = contextlib.nullcontext()
+    w.cuda_graph_runner = None
+    w.cuda_graph_runner_for_draft_extend = None
+    w.dsa_extend_topk_buf = None
+    return w
+
+
+def sampling_info(seeds, top_ks, temperatures=None):
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    bs = len(seeds)
+    top_ks_t = torch.tensor(top_ks, dtype=torch.int32)
+    return SamplingBatchInfo(
+        temperatures=(
+            torch.tensor(temperatures, dtype=torch.float32).view(-1, 1)
+            if temperatures is not None
+            else torch.ones(bs, 1)
+        ),
+        top_ps=torch.ones(bs),
+        top_ks=top_ks_t,
+        min_ps=torch.zeros(bs),
+        is_all_greedy=bool((top_ks_t <= 1).all()),
+        is_any_greedy=bool((top_ks_t <= 1).any()),
+        need_top_p_sampling=False,
+        need_top_k_sampling=bool(((top_ks_t > 1) & (top_ks_t < TOP_K_ALL)).any()),
+        need_min_p_sampling=False,
+        vocab_size=V,
+        sampling_seed=torch.tensor(seeds, dtype=torch.int64),
+    )
+
+
+def decode_forward_batch(si, seq_lens, first_tokens, num_steps=4):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    bs = len(seq_lens)
+    first = torch.tensor(first_tokens, dtype=torch.int64).view(-1, 1)
+    q0 = torch.full((bs, V), 1.0 / V)
+    spec_info = EagleDraftInput(
+        topk_p=q0.gather(1, first),
+        topk_index=first,
+        draft_probs=q0,
+        hidden_states=torch.zeros(bs, HIDDEN),
+    )
+    return SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        spec_info=spec_info,
+        sampling_info=si,
+        positions=torch.tensor(seq_lens, dtype=torch.int64),
+        out_cache_loc=torch.arange(bs * num_steps, dtype=torch.int64),
+        input_ids=None,
+        moe_num_token_non_padded=None,
+        mrope_positions=None,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Site 2: draft-decode (draft_forward), eager
+# ---------------------------------------------------------------------------
+
+SEEDS = [5, 123456789012, -77]
+TOP_KS = [TOP_K_ALL, 1, 20]  # row 1 is a greedy request inside a sampled batch
+SEQ_LENS = [10, 33, 1000]
+
+
+def test_draft_forward_keys_every_step_and_hands_q_to_verify(recorder):
+    num_steps = 4
+    with published(speculative_num_steps=num_steps, speculative_num_draft_tokens=num_steps + 1):
+        w = make_worker(num_steps)
+        si = sampling_info(SEEDS, TOP_KS, temperatures=[0.7, 1.0, 1.3])
+        fb = decode_forward_batch(si, SEQ_LENS, first_tokens=[3, 4, 5])
+        _, _, draft_tokens, draft_probs = w.draft_forward(fb)
+
+    assert [c["step"] for c in recorder.calls] == [1, 2, 3]
+    for i, call in enumerate(recorder.calls):
+        assert call["seed"].tolist() == SEEDS
+        assert call["positions"].tolist() == [s + i + 1 for s in SEQ_LENS]
+        assert call["top_ks"].tolist() == TOP_KS
+
+    # The chain is what the keyed draws returned: token i+1 is call i's index.
+    assert draft_tokens.shape == (3, num_steps)
+    assert draft_tokens[:, 0].tolist() == [3, 4, 5]
+    for i in range(num_steps - 1):
+        for b in (0, 2):
+            assert draft_tokens[b, i + 1].item() == key_token(SEEDS[b], SEQ_LENS[b] + i + 1, i + 1)
+
+    # Greedy row proposes argmax of the very q handed to verify.
+    # draft_probs[:, i + 1] must be the q step i drew from (verify contract).
+    assert draft_probs.shape == (3, num_steps, V)
+    for i, call in enumerate(recorder.calls):
+        assert torch.equal(draft_probs[:, i + 1], call["probs"])
+        assert draft_tokens[1, i + 1].item() == call["probs"][1].argmax().item()
+        # q = softmax(logits / T) of the token the step consumed.
+        logits = w.draft_runner.table[draft_tokens[:, i]]
+        expect_q = torch.softmax(logits / si.temperatures, dim=-1)
+        torch.testing.assert_close(call["probs"], expect_q, rtol=1e-5, atol=1e-6)
+
+
+def test_draft_forward_without_seed_under_deterministic_mode_refuses(recorder):
+    with published():
+        w = make_worker(4)
+        si = sampling_info(SEEDS, TOP_KS)
+        si.sampling_seed = None
+        fb = decode_forward_batch(si, SEQ_LENS, first_tokens=[3, 4, 5])
+        with pytest.raises(RuntimeError, match="sampling_seed"):
+            w.draft_forward(fb)
+    assert recorder.calls == []
+
+
+def test_builtin_eagle_worker_is_untouched(recorder):
+    """Same process, builtin EagleDraftWorker: upstream sampling, no DETSPEC keys."""
+    from sglang.srt.speculative import eagle_worker_v2, spec_utils
+
+    # The DETSPEC bodies are built (cached) first, so any module mutation
+    # would already be visible here.
+    sl._upstream(eagle_worker_v2.EagleDraftWorker, "draft_forward")
+    assert eagle_worker_v2.sample_draft_proposal is spec_utils.sample_draft_proposal
+    assert eagle_worker_v2.fast_sample is spec_utils.fast_sample
+    assert eagle_worker_v2.EagleDraftWorker.draft_forward.__globals__[
+        "sample_draft_proposal"
+    ] is spec_utils.sample_draft_proposal
+    with published(enable_deterministic_inference=False):
+        w = make_worker(4)
+        w.__class__ = eagle_worker_v2.EagleDraftWorker
+        si = sampling_info(SEEDS, TOP_KS)
+        si.sampling_seed = None
+        fb = decode_forward_batch(si, SEQ_LENS, first_tokens=[3, 4, 5])
+        w.draft_forward(fb)
+    assert recorder.calls == []
+
+
+# ---------------------------------------------------------------------------
+# Site 1: prefill draft-extend
+# ---------------------------------------------------------------------------
+
+
+def test_prefill_draft_extend_keys_prompt_length_step0(recorder, monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    prompt_lens = [4, 2, 3]
+    created = []
+
+    def fake_init_new(batch, model_runner, *args, **kwargs):
+        # One logits row per request (LAST capture): the last rotated input id.
+        ends = torch.tensor(prompt_lens).cumsum(0) - 1
+        fb = SimpleNamespace(
+            input_ids=batch.input_ids[ends],
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=len(prompt_lens),
+            spec_info=batch.spec_info,
+            return_logprob=False,
+        )
+        created.append(fb)
+        return fb
+
+    monkeypatch.setattr(ForwardBatch, "init_new", staticmethod(fake_init_new))
+    si = sampling_info(SEEDS, TOP_KS, temperatures=[0.5, 1.0, 2.0])
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        input_ids=torch.arange(sum(prompt_lens), dtype=torch.int64) % V,
+        extend_lens=prompt_lens,
+        seq_lens=torch.tensor(prompt_lens, dtype=torch.int64),
+        sampling_info=si,
+        chunked_req_next_prompt_token=None,
+        reqs=[None] * 3,
+        chunked_req=None,
+        spec_info=None,
+    )
+    next_token_ids = torch.tensor([7, 8, 9])
+    with published():
+        w = make_worker(4)
+        out = w._draft_extend_for_prefill(batch, torch.zeros(9, HIDDEN), next_token_ids)
+
+    assert len(recorder.calls) == 1
+    call = recorder.calls[0]
+    assert call["seed"].tolist() == SEEDS
+    assert call["positions"].tolist() == prompt_lens
+    assert call["step"] == 0
+    assert call["top_ks"].tolist() == TOP_KS
+    # Tokens: keyed draw for sampled rows, argmax for the greedy row.
+    assert out.topk_index[0, 0].item() == key_token(SEEDS[0], prompt_lens[0], 0)
+    assert out.topk_index[2, 0].item() == key_token(SEEDS[2], prompt_lens[2], 0)
+    assert out.topk_index[1, 0].item() == call["probs"][1].argmax().item()
+    # Verify receives exactly the q the proposal was drawn from.
+    assert out.draft_probs is call["probs"]
+    assert torch.equal(out.topk_p, call["probs"].gather(1, out.topk_index))
+    # q tracks the request temperature (the bonus token is each row's last input).
+    expect_q = torch.softmax(w.draft_runner.table[next_token_ids] / si.temperatures, dim=-1)
+    torch.testing.assert_close(call["probs"], expect_q, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Site 3: decode draft-extend
+# ---------------------------------------------------------------------------
+
+
+def test_decode_draft_extend_keys_new_seq_lens_step0(recorder, monkeypatch):
+    from sglang.srt.speculative import eagle_worker_v2
+
+    num_steps = 3
+    n = num_steps + 1
+    accept_lens = torch.tensor([1, 4, 2], dtype=torch.int32)
+    seq_lens = torch.tensor(SEQ_LENS, dtype=torch.int64)
+    new_seq_lens = seq_lens + accept_lens
+    verified = torch.arange(3 * n, dtype=torch.int64) % V  # target tokens per slot
+
+    def fake_prepare_for_draft_extend(draft_extend_input, batch, next_token_ids, *a, **k):
+        # The draft extend forward sees every verified slot of every request.
+        return SimpleNamespace(input_ids=verified.clone(), spec_info=draft_extend_input)
+
+    monkeypatch.setattr(eagle_worker_v2, "prepare_for_draft_extend", fake_prepare_for_draft_extend)
+    sl._upstream.cache_clear()  # re-snapshot module globals with the fake
+    try:
+        si = sampling_info(SEEDS, TOP_KS, temperatures=[0.9, 1.0, 1.1])
+        batch = SimpleNamespace(seq_lens=seq_lens, sampling_info=si)
+        batch_result = SimpleNamespace(
+            prepared_draft_extend_inputs=None,
+            accept_lens=accept_lens,
+            next_token_ids=verified.clone(),
+            logits_output=SimpleNamespace(hidden_states=torch.zeros(3 * n, HIDDEN)),
+            new_seq_lens=new_seq_lens,
+            next_draft_input=SimpleNamespace(),
+        )
+        with published(speculative_num_steps=num_steps, speculative_num_draft_tokens=n):
+            w = make_worker(num_steps)
+            w._draft_extend_for_decode(batch, batch_result)
+    finally:
+        sl._upstream.cache_clear()
+
+    assert len(recorder.calls) == 1
+    call = recorder.calls[0]
+    assert call["seed"].tolist() == SEEDS
+    assert call["positions"].tolist() == new_seq_lens.tolist()
+    assert call["step"] == 0
+    assert call["top_ks"].tolist() == TOP_KS
+    nd = batch_result.next_draft_input
+    for b in (0, 2):
+        assert nd.topk_index[b, 0].item() == key_token(SEEDS[b], new_seq_lens[b].item(), 0)
+    assert nd.topk_index[1, 0].item() == call["probs"][1].argmax().item()
+    assert nd.draft_probs is call["probs"]
+    # q is the draft distribution at each request's last accepted slot.
+    last_slot = torch.arange(3) * n + accept_lens.to(torch.int64) - 1
+    expect_q = torch.softmax(w.draft_runner.table[verified[last_slot]] / si.temperatures, dim=-1)
+    torch.testing.assert_close(call["probs"], expect_q, rtol=1e-5, atol=1e-6)
