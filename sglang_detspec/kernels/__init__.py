@@ -1,0 +1,9 @@
+"""Triton kernels (torch + triton imports only; no SGLang).
+
+``seeded_draft_sample`` is the fused seeded draft sampler (SGLang 0.5.23's draft stream, one pass).
+Set ``TRITON_INTERPRET=1`` before importing this package to run it on CPU tensors.
+"""
+
+from .seeded_draft_sample import INTERPRETED, launch_config, seeded_draft_sample
+
+__all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]

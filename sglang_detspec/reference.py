@@ -1,0 +1,181 @@
+"""Pure-torch twin of SGLang 0.5.23's seeded draft stream and seeded verify coins.
+
+Bit-exact and overflow-free: every MurmurHash3 step is done on int64 tensors holding uint32 values,
+and every 32x32-bit multiply is split into 16-bit halves so that no intermediate reaches 2**63 (torch
+has no wrapping uint32 arithmetic on CPU, and int64 products of two uint32 values would overflow).
+It runs on any device, is slow (it materialises ``[B, V]`` int64 and float64 tensors, like upstream)
+and is meant for CPU unit tests, audits and the parity checks of the Triton kernel.  The key layout
+is documented once, in :mod:`sglang_detspec.keys`.
+
+Float64 caveat: the score uses ``torch.log`` on float64.  On CUDA this is the same libdevice ``log`` as
+upstream's and as the Triton kernel's; on CPU it is the host ``log`` (Sleef/glibc), which can differ by
+one ulp on rare inputs.  The hash and the uniform are exact everywhere; a one-ulp log difference can
+flip the argmax only between two scores tied to about 1e-16 relative.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import keys
+
+_M32 = 0xFFFFFFFF
+
+
+def _mulmod32(a: torch.Tensor, c: int) -> torch.Tensor:
+    """(a * c) mod 2**32 for int64 ``a`` in [0, 2**32) and a uint32 constant ``c``, without int64 overflow."""
+    lo = a * (c & 0xFFFF)  # < 2**48
+    hi = ((a * (c >> 16)) & 0xFFFF) << 16  # only the low 16 bits of a*c_hi survive the shift mod 2**32
+    return (lo + hi) & _M32
+
+
+def _mulmod32_t(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """(a * c) mod 2**32 for int64 tensors holding uint32 values, without int64 overflow."""
+    lo = a * (c & 0xFFFF)
+    hi = ((a * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def _rotl32(x: torch.Tensor, r: int) -> torch.Tensor:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    k = _mulmod32(k, keys.MURMUR_C1)
+    k = _rotl32(k, 15)
+    k = _mulmod32(k, keys.MURMUR_C2)
+    h = h ^ k
+    h = _rotl32(h, 13)
+    return (_mulmod32(h, 5) + keys.MURMUR_N) & _M32
+
+
+def _fmix(h: torch.Tensor) -> torch.Tensor:
+    h = h ^ (h >> 16)
+    h = _mulmod32(h, keys.MURMUR_F1)
+    h = h ^ (h >> 13)
+    h = _mulmod32(h, keys.MURMUR_F2)
+    return h ^ (h >> 16)
+
+
+def murmur3_words(w0: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 x86_32 (seed 0) of the 16 bytes formed by four little-endian uint32 words.
+
+    Inputs are int64 tensors holding values in [0, 2**32), broadcastable; returns int64 in [0, 2**32).
+    """
+    h = torch.zeros_like(torch.broadcast_tensors(w0, w1, w2, w3)[0])
+    for w in (w0, w1, w2, w3):
+        h = _mix(h, w & _M32)
+    h = h ^ keys.KEY_LENGTH_BYTES
+    return _fmix(h)
+
+
+def _seed_words(seed: torch.Tensor, salt: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(low, high) uint32 words of ``seed + salt`` with int64 wrap-around, computed overflow-free."""
+    s = seed.to(torch.int64)
+    lo = (s & _M32) + (salt & _M32)  # < 2**33
+    carry = lo >> 32
+    hi = ((s >> 32) & _M32) + (salt >> 32) + carry  # arithmetic shift, masked: the two's complement high word
+    return lo & _M32, hi & _M32
+
+
+def murmur3_draft_hash(
+    sampling_seed: torch.Tensor, positions: torch.Tensor, draft_step: int, vocab_size: int
+) -> torch.Tensor:
+    """The draft-stream hashes ``[B, V]`` (int64 holding uint32) for seeds ``[B]``, positions ``[B]``."""
+    keys.check_draft_step(draft_step, vocab_size)
+    lo, hi = _seed_words(sampling_seed.reshape(-1), keys.DRAFT_SEED_SALT)
+    pos = positions.reshape(-1).to(torch.int64) & _M32
+    cols = torch.arange(vocab_size, dtype=torch.int64, device=sampling_seed.device) + draft_step * vocab_size
+    return murmur3_words(lo[:, None], hi[:, None], pos[:, None], cols[None, :])
+
+
+def murmur3_unsalted_hash(seed: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The unsalted key space (target sampler, verify coins): hashes ``[B, len(cols)]`` as int64."""
+    lo, hi = _seed_words(seed.reshape(-1), 0)
+    pos = positions.reshape(-1).to(torch.int64) & _M32
+    c = cols.reshape(-1).to(torch.int64) & _M32
+    return murmur3_words(lo[:, None], hi[:, None], pos[:, None], c[None, :])
+
+
+def draft_scores(
+    probs: torch.Tensor, sampling_seed: torch.Tensor, positions: torch.Tensor, draft_step: int = 0
+) -> torch.Tensor:
+    """Float64 race scores ``p / -log((h + 0.5) / 2**32)`` in upstream's exact operation order, ``[B, V]``."""
+    h = murmur3_draft_hash(sampling_seed, positions, draft_step, probs.shape[-1])
+    scores = h.to(torch.float64)
+    scores.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
+    return scores.mul_(probs)
+
+
+def _validate(probs, sampling_seed, positions, draft_step, greedy):
+    if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
+        raise ValueError(f"probs must be a 2-D [batch, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
+    if probs.dtype != torch.float32:
+        raise ValueError(f"probs must be float32 (the dtype upstream's softmax hands to fast_sample), got {probs.dtype}")
+    if sampling_seed.dtype != torch.int64:
+        raise ValueError(f"sampling_seed must be int64 (SamplingBatchInfo.sampling_seed), got {sampling_seed.dtype}")
+    if positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
+    if sampling_seed.shape != positions.shape:
+        raise ValueError(
+            f"sampling_seed and positions must have matching shapes, got {tuple(sampling_seed.shape)} and "
+            f"{tuple(positions.shape)}"
+        )
+    if sampling_seed.numel() != probs.shape[0]:
+        raise ValueError(
+            f"sampling_seed must have one value per probability row, got {sampling_seed.numel()} seeds for "
+            f"{probs.shape[0]} rows"
+        )
+    if greedy is not None and (greedy.dtype != torch.bool or greedy.numel() != probs.shape[0]):
+        raise ValueError(
+            f"greedy must be a bool tensor with one entry per row, got dtype {greedy.dtype} and "
+            f"{greedy.numel()} entries for {probs.shape[0]} rows"
+        )
+    keys.check_draft_step(draft_step, probs.shape[1])
+
+
+def seeded_draft_sample(
+    probs: torch.Tensor,
+    sampling_seed: torch.Tensor,
+    positions: torch.Tensor,
+    draft_step: int = 0,
+    *,
+    greedy: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reference seeded draft draw: ``(probs.gather(1, idx), idx)`` with ``idx`` int64 ``[B, 1]``.
+
+    Same contract as SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=, positions=, draft_step=)``;
+    rows where ``greedy`` is True return ``probs.argmax(-1)`` (upstream's ``top_ks <= 1`` override).
+    Rows with NaN return the first NaN index and all-zero rows return token 0 (``torch.argmax``).
+    """
+    _validate(probs, sampling_seed, positions, draft_step, greedy)
+    scores = draft_scores(probs, sampling_seed, positions, draft_step)
+    idx = scores.argmax(dim=-1, keepdim=True)
+    if greedy is not None:
+        idx = torch.where(greedy.reshape(-1, 1).to(probs.device), probs.argmax(dim=-1, keepdim=True), idx)
+    return probs.gather(1, idx), idx
+
+
+def seeded_verify_coins(
+    sampling_seed: torch.Tensor, seq_lens: torch.Tensor, draft_token_num: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Bit-identical twin of SGLang 0.5.23 ``eagle_utils._seeded_verify_coins``.
+
+    Returns ``(coins [B, N] float32, final_coins [B] float32)``: unsalted ``(seed, seq_len, col)`` keys,
+    ``u = h / (2**32 - 1)`` in float64, cast to float32 and clamped to ``1 - 2**-24``.
+    """
+    if sampling_seed.shape != seq_lens.shape or sampling_seed.dim() != 1:
+        raise ValueError(
+            f"sampling_seed and seq_lens must be matching 1-D tensors, got {tuple(sampling_seed.shape)} and "
+            f"{tuple(seq_lens.shape)}"
+        )
+    if draft_token_num < 0:
+        raise ValueError(f"draft_token_num must be non-negative, got {draft_token_num}")
+    cols = torch.arange(draft_token_num + 1, dtype=torch.int64, device=sampling_seed.device)
+    hashed = murmur3_unsalted_hash(sampling_seed, seq_lens, cols)
+    uniforms = hashed.to(torch.float64) / keys.VERIFY_DENOMINATOR
+    coins = uniforms[:, :draft_token_num].to(torch.float32).clamp_(max=keys.VERIFY_MAX_COIN).contiguous()
+    final = uniforms[:, draft_token_num].to(torch.float32).clamp_(max=keys.VERIFY_MAX_COIN).contiguous()
+    return coins, final
