@@ -268,6 +268,13 @@ class CheckResult:
         return self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
 
     @property
+    def differing_trials(self) -> list[int]:
+        """Trials whose probe output differs from trial 0's."""
+        use_ids = self.compared == "output_ids"
+        ref = _output_key(self.trials[0], use_ids)
+        return [t.index for t in self.trials if _output_key(t, use_ids) != ref]
+
+    @property
     def probe_accept_length(self) -> float | None:
         vals = [t.spec_accept_length for t in self.trials if t.spec_accept_length is not None]
         return sum(vals) / len(vals) if vals else None
@@ -283,6 +290,7 @@ class CheckResult:
             "deterministic": self.deterministic,
             "passed": self.passed,
             "probe_accept_length": self.probe_accept_length,
+            "differing_trials": self.differing_trials,
         }
         if self.seeds_check is not None:
             d["seeds_check"]["passed"] = self.seeds_check.passed
@@ -576,6 +584,12 @@ def run_check(
                         outs[j], ids_for_seeds
                     ):
                         seeds_check.collisions.append((outs[i].seed, outs[j].seed))
+        accepts = [t.spec_accept_length for t in results if t.spec_accept_length is not None]
+        if accepts and max(accepts) < 1.05:
+            warnings.append(
+                f"the probe's speculative accept length is {sum(accepts) / len(accepts):.2f}: almost no draft token "
+                "is accepted, so speculative decoding brings no speed-up on this server"
+            )
         if server.speculative_algorithm:
             # Re-read: the server-wide average accept length grows with the requests this check just sent.
             try:
@@ -610,16 +624,19 @@ def format_check(result: CheckResult) -> str:
     lines = [
         f"server:  {result.url}  SGLang {s.version or '?'}  model {s.model_path or '?'}",
         f"         speculative algorithm: {spec}; deterministic inference: {det}",
-        f"probe:   seed {result.seed}, temperature {result.temperature:g}, {result.max_new_tokens} new tokens, "
+        f"probe:   seed {result.seed}, temperature {result.temperature}, {result.max_new_tokens} new tokens, "
         f"{len(result.trials)} trials next to {min(fillers)}-{max(fillers)} concurrent filler requests",
     ]
     unit = "token ids (output_ids)" if result.compared == "output_ids" else "text (the server returned no output_ids)"
     lines.append(f"result:  {result.unique_outputs} unique probe output(s) in {len(result.trials)} trials, compared as {unit}")
     d = result.divergence
     if d is not None:
+        show = (lambda v: "the end" if v is None else f"id {v}") if d.unit == "token" else (
+            lambda v: "the end" if v is None else repr(v))
+        differ = result.differing_trials
         lines.append(
-            f"         first divergence at {d.unit} {d.position} (trial 0 has {d.expected!r}, "
-            f"trial {d.trial} has {d.got!r})"
+            f"         first divergence at {d.unit} {d.position}: trial 0 has {show(d.expected)}, "
+            f"trial {d.trial} has {show(d.got)}; {len(differ)} of {len(result.trials) - 1} trials differ from trial 0"
         )
     acc = result.probe_accept_length
     if acc is not None or s.avg_spec_accept_length is not None:

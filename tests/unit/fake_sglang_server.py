@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +62,7 @@ class FakeSGLang:
         report_accept_length: bool = True,
         delay: float = 0.0,
         version: str = "0.5.23",
+        accept_length: float = 2.0,
     ):
         self.mode = mode
         self.output_ids = output_ids
@@ -70,6 +72,7 @@ class FakeSGLang:
         self.report_accept_length = report_accept_length
         self.delay = delay
         self.version = version
+        self.accept_length = accept_length
         self.lock = threading.Lock()
         self.generate_requests: list[dict] = []
         self.responses: list[dict] = []
@@ -196,7 +199,7 @@ class FakeSGLang:
                 ids = ids[:DIVERGE_AT] + token_ids(text, seed, "call", rid, n=n)[DIVERGE_AT:]
             elif self.mode == "batch_dependent":
                 ids = ids[:DIVERGE_AT] + token_ids(text, seed, "batch", seen, n=n)[DIVERGE_AT:]
-        verify_ct = max(1, (n + 1) // 2)
+        verify_ct = max(1, math.ceil(n / self.accept_length))
         meta = {
             "id": f"req-{rid}",
             "finish_reason": {"type": "length", "length": n},

@@ -62,7 +62,8 @@ def test_nondeterministic_server_fails_with_first_diverging_token():
         proc = cli("check", "--url", fake.url, "--trials", "4", "--max-fillers", "3", "--no-progress")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "4 unique probe output(s) in 4 trials" in proc.stdout
-    assert f"first divergence at token {DIVERGE_AT} " in proc.stdout
+    assert "3 of 3 trials differ from trial 0" in proc.stdout
+    assert f"first divergence at token {DIVERGE_AT}:" in proc.stdout
     assert "FAIL" in proc.stdout and "PASS" not in proc.stdout
 
 
@@ -71,7 +72,7 @@ def test_batch_dependent_server_fails():
     with FakeSGLang("batch_dependent", delay=0.05) as fake:
         proc = cli("check", "--url", fake.url, "--trials", "4", "--max-fillers", "6", "--no-progress")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"first divergence at token {DIVERGE_AT} " in proc.stdout
+    assert f"first divergence at token {DIVERGE_AT}:" in proc.stdout
 
 
 def test_text_only_server_compares_characters():
@@ -81,7 +82,7 @@ def test_text_only_server_compares_characters():
     assert proc.returncode == 1
     assert "compared as text" in proc.stdout
     expected = min(len(os.path.commonprefix([texts[0], t])) for t in texts[1:])
-    assert f"first divergence at character {expected} " in proc.stdout
+    assert f"first divergence at character {expected}:" in proc.stdout
 
 
 def test_server_error_is_one_clear_line():
@@ -134,6 +135,14 @@ def test_warns_when_deterministic_inference_is_off():
     assert "accept:" not in proc.stdout
 
 
+def test_warns_when_drafts_are_never_accepted():
+    with FakeSGLang("deterministic", accept_length=1.0) as fake:
+        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
+    assert proc.returncode == 0
+    assert "accept length is 1.00" in proc.stderr
+    assert "1.00 tokens per verify step on the probe" in proc.stdout
+
+
 def test_old_info_endpoint_and_plugin_absent_note():
     with FakeSGLang("deterministic", info_paths=("/get_server_info",), speculative_algorithm="EAGLE") as fake:
         proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
@@ -177,6 +186,7 @@ def test_report_json_on_failure(tmp_path):
     assert proc.returncode == 1
     data = json.loads(report.read_text())
     assert data["passed"] is False and data["unique_outputs"] == 3
+    assert data["differing_trials"] == [1, 2]
     d = data["divergence"]
     assert d["unit"] == "token" and d["position"] == DIVERGE_AT
     trials = data["trials"]
