@@ -385,3 +385,201 @@ def test_decode_draft_extend_keys_new_seq_lens_step0(recorder, monkeypatch):
     last_slot = torch.arange(3) * n + accept_lens.to(torch.int64) - 1
     expect_q = torch.softmax(w.draft_runner.table[verified[last_slot]] / si.temperatures, dim=-1)
     torch.testing.assert_close(call["probs"], expect_q, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# Draft-decode CUDA-graph runner: capture two shapes, replay a padded batch
+# ---------------------------------------------------------------------------
+
+
+class RerunBackend:
+    """CPU stand-in for the CUDA-graph backend: a "replay" re-runs the captured
+    closure, which reads the same persistent buffers a real graph would.
+
+    0.5.23 captures two variants of one closure and flips the captured
+    SamplingBatchInfo.is_all_greedy between them; a real graph freezes that
+    choice at capture, so the backend restores it before re-running.
+    """
+
+    def __init__(self):
+        self.graphs = {}
+
+    def capture_one(self, shape_key, run_once, capture_inputs=None, post_warmup_hook=None):
+        cells = dict(zip(run_once.__code__.co_freevars, (c.cell_contents for c in run_once.__closure__)))
+        si = cells["forward_batch"].sampling_info
+        run_once()  # the warm-up run a real capture does
+        self.graphs[shape_key] = (run_once, si, si.is_all_greedy)
+
+    def replay(self, shape_key, forward_batch):
+        run_once, si, all_greedy = self.graphs[shape_key]
+        si.is_all_greedy = all_greedy
+        return run_once()
+
+    def can_run(self, forward_batch, shape_key):
+        return shape_key in self.graphs
+
+
+def make_runner(worker, capture_bs, num_steps):
+    import dataclasses as dc
+
+    from sglang.srt.speculative import eagle_draft_cuda_graph_runner as edr
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    r = object.__new__(sl.DetspecEAGLEDraftCudaGraphRunner)
+    r.eagle_worker = worker
+    r.model_runner = SimpleNamespace(
+        device="cpu",
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        model_config=SimpleNamespace(vocab_size=V, model_is_mrope=False),
+        is_draft_worker=False,  # skips flashinfer autotune
+        kv_index_translator=SimpleNamespace(bind_runner_slots=lambda fb: None),
+        device_timer=None,
+        server_args=SimpleNamespace(speculative_use_rejection_sampling=True),
+    )
+    r.draft_attn_backend = SimpleNamespace(
+        attn_backends=[None] * num_steps,
+        init_forward_metadata_in_graph=lambda fb: None,
+        init_forward_metadata_out_graph=lambda fb, in_capture=False: None,
+    )
+    r.deepep_adapter = SimpleNamespace(capture=lambda **k: None, replay=lambda: None)
+    r.backend = RerunBackend()
+    r.model_context = contextlib.nullcontext
+    r.speculative_num_steps = num_steps
+    r.topk = 1
+    r.captured_req_width = 1
+    r.capture_bs = sorted(capture_bs)
+    r.max_bs = max(capture_bs)
+    r.disable_padding = False
+    r.require_gathered_buffer = r.require_mlp_tp_gather = False
+    r.require_attn_tp_gather = r.require_mlp_sync = False
+    r.seq_len_fill_value = 1
+    r.extend_seq_lens_cpu = [1] * r.max_bs
+    mb = r.max_bs
+    r.temperatures = torch.ones((mb, 1))
+    r.top_ks = torch.full((mb,), TOP_K_ALL, dtype=torch.int32)  # read by 0.5.23 only
+    values = dict(
+        input_ids=torch.zeros(mb, dtype=torch.int64),
+        req_pool_indices=torch.zeros(mb, dtype=torch.int64),
+        out_cache_loc=torch.zeros(mb * num_steps, dtype=torch.int64),
+        positions=torch.zeros(mb, dtype=torch.int64),
+        mrope_positions=torch.zeros((3, mb), dtype=torch.int64),
+        rids_int=None,
+        bootstrap_room_ids_int=None,
+        seq_lens=torch.full((mb,), 1, dtype=torch.int64),
+        seq_lens_cpu=torch.full((mb,), 1, dtype=torch.int64),
+        extend_seq_lens=torch.ones(mb, dtype=torch.int32),
+        topk_p=torch.zeros((mb, 1)),
+        topk_index=torch.zeros((mb, 1), dtype=torch.int64),
+        draft_probs=torch.zeros((mb, V)),
+        hidden_states=torch.zeros((mb, HIDDEN)),
+        global_num_tokens_gpu=None,
+        global_num_tokens_for_logprob_gpu=None,
+        dsa_seed_topk=None,
+        # 0.5.23 allocates this itself under deterministic RS (0.5.17 has no field)
+        sampling_seed=torch.zeros(mb, dtype=torch.int64),
+    )
+    names = {f.name for f in dc.fields(edr.EagleDraftInputBuffers)}
+    r.buffers = edr.EagleDraftInputBuffers(**{k: v for k, v in values.items() if k in names})
+    for bs in sorted(capture_bs, reverse=True):
+        r.capture_one_shape(bs, None)
+    return r
+
+
+def replay_batch(si, seq_lens, first_tokens, num_steps):
+    """A live decode ForwardBatch as the worker hands it to runner.execute."""
+    fb = decode_forward_batch(si, seq_lens, first_tokens, num_steps)
+    bs = len(seq_lens)
+    fb.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+    fb.seq_lens_cpu = fb.seq_lens.clone()
+    fb.seq_lens_sum = int(sum(seq_lens))
+    fb.req_pool_indices = torch.arange(bs, dtype=torch.int64)
+    fb.rids_int = None
+    fb.bootstrap_room_ids_int = None
+    fb.spec_info.dsa_topk_indices = None
+    return fb
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Records keys but draws with the real seeded_draft_proposal (reference on CPU)."""
+    pytest.importorskip("sglang_detspec.reference")
+    real = proposal_mod.seeded_draft_proposal
+    calls = []
+
+    def wrapped(probs, sampling_seed, positions, draft_step, top_ks=None):
+        bs = probs.shape[0]
+        calls.append(
+            dict(
+                seed=sampling_seed.clone(),
+                positions=positions.to(torch.int64).clone(),
+                step=int(draft_step),
+                top_ks=None if top_ks is None else top_ks[:bs].clone(),
+            )
+        )
+        return real(probs, sampling_seed, positions, draft_step, top_ks)
+
+    monkeypatch.setattr(proposal_mod, "seeded_draft_proposal", wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("raw_bs", [2, 3])  # 3 pads to the captured 4
+def test_draft_graph_replay_matches_eager_with_padding(spy, raw_bs):
+    num_steps = 4
+    seeds = [11, -3, 2**40 + 5][:raw_bs]
+    top_ks = [TOP_K_ALL, 1, 30][:raw_bs]
+    seq_lens = [17, 250, 64][:raw_bs]
+    first = [1, 2, 3][:raw_bs]
+    temps = [0.8, 1.0, 1.7][:raw_bs]
+    with published(speculative_num_steps=num_steps, speculative_num_draft_tokens=num_steps + 1):
+        worker = make_worker(num_steps)
+        runner = make_runner(worker, capture_bs=[2, 4], num_steps=num_steps)
+        # Capture saw only persistent buffers, never a live batch's seeds.
+        spy.clear()
+
+        eager = worker.draft_forward(
+            decode_forward_batch(sampling_info(seeds, top_ks, temps), seq_lens, first, num_steps)
+        )
+        eager_calls = list(spy)
+        spy.clear()
+
+        # Poison the padded row's inputs: it must not change real rows.
+        runner.buffers.positions.fill_(123456)
+        graph = runner.execute(replay_batch(sampling_info(seeds, top_ks, temps), seq_lens, first, num_steps))
+        graph_calls = list(spy)
+
+    _, _, eager_tokens, eager_probs = eager
+    _, _, graph_tokens, graph_probs = graph
+    assert graph_tokens.shape == (raw_bs, num_steps)
+    assert torch.equal(graph_tokens, eager_tokens)
+    assert torch.equal(graph_probs, eager_probs)
+
+    padded_bs = 2 if raw_bs == 2 else 4
+    assert [c["step"] for c in graph_calls] == [1, 2, 3]
+    for i, (g, e) in enumerate(zip(graph_calls, eager_calls)):
+        assert g["seed"].shape[0] == padded_bs  # the graph draws for padded rows too
+        assert g["seed"][:raw_bs].tolist() == seeds == e["seed"].tolist()
+        assert g["positions"][:raw_bs].tolist() == [s + i + 1 for s in seq_lens]
+        assert g["positions"][:raw_bs].tolist() == e["positions"].tolist()
+        # A real top_k reached the graph (0.5.17 would otherwise capture -1 = greedy).
+        assert g["top_ks"][:raw_bs].tolist() == top_ks
+    # The greedy request proposed the argmax of its q at every step.
+    for i in range(1, num_steps):
+        assert graph_tokens[1, i].item() == graph_probs[1, i].argmax().item()
+
+
+def test_draft_graph_replay_reads_refreshed_seeds(spy):
+    """A second replay with other seeds must not reuse the first batch's."""
+    num_steps = 3
+    with published(speculative_num_steps=num_steps, speculative_num_draft_tokens=num_steps + 1):
+        worker = make_worker(num_steps)
+        runner = make_runner(worker, capture_bs=[2], num_steps=num_steps)
+        outs = []
+        for seeds in ([1, 2], [1000003, 2**50 + 7]):
+            spy.clear()
+            si = sampling_info(seeds, [TOP_K_ALL, TOP_K_ALL])
+            outs.append(runner.execute(replay_batch(si, [40, 41], [5, 6], num_steps))[2])
+            assert spy[0]["seed"].tolist() == seeds
+            eager = worker.draft_forward(
+                decode_forward_batch(sampling_info(seeds, [TOP_K_ALL, TOP_K_ALL]), [40, 41], [5, 6], num_steps)
+            )[2]
+            assert torch.equal(outs[-1], eager)
