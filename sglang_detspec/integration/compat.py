@@ -1,0 +1,303 @@
+"""Everything that differs between the supported SGLang releases (0.5.17 .. 0.5.23), in one place.
+
+Importing this module is cheap: it imports neither torch nor SGLang at module level, so
+:mod:`sglang_detspec.integration` can run the version check before anything heavy is loaded. Every
+function that needs SGLang imports it lazily.
+
+Differences this module absorbs (verified against the installed 0.5.17 and 0.5.23 wheels)
+-----------------------------------------------------------------------------------------
+
+========================================  ===================================  ====================================
+what                                      0.5.17                               0.5.23
+========================================  ===================================  ====================================
+where server arguments are resolved       ``ServerArgs.__post_init__`` (a      ``ServerArgs.resolve_once`` ->
+                                          dataclass; handlers *assign* fields, ``arg_groups.pipeline.
+                                          then ``materialize_declarations``)   run_resolution_pipeline`` (a
+                                                                               msgspec record; handlers *declare*,
+                                                                               fields keep the raw input)
+reading a resolved field                  ``server_args.<field>``              ``resolving_view(sa).<field>``
+writing a field during resolution         ``setattr`` (``override`` once       ``declare_resolution(...)``
+                                          ``__post_init__`` sealed the record)
+resolution-step plugin hooks              none                                 ``register_resolution_hook``
+model config during resolution            ``server_args.get_model_config()``   ``model_config_of(server_args)``
+multi-layer switch ``create_worker``      ``server_args.enable_multi_layer_    ``resolving_view(sa).enable_multi_
+reads                                     eagle``                              layer_eagle``
+RS + ``--enable-deterministic-inference`` refused in ``_handle_eagle_family``  allowed on CUDA (seeded in-tree)
+``SpeculativeAlgorithm.from_string``      no NEXTN alias (resolved earlier)    NEXTN -> EAGLE
+``CustomSpecAlgo.build_disagg_draft_      ``(batch, server_args, last_tokens,  ``(batch, last_tokens, future_map)``
+input``                                   future_map)``
+``get_platform_worker_cls``               does not exist                       called by adaptive-spec checks
+``supports_mixed_chunk`` /                do not exist                         exist (EAGLE/EAGLE3 keep mixed
+``supports_prefill_shared_read_done`` /                                        chunk on)
+``is_uno`` / ``resolve_max_speculative_
+num_draft_tokens``
+spec fields only in 0.5.23                                                     ``speculative_use_block_verification``,
+                                                                               ``enable_watermark``,
+                                                                               ``enable_return_aux_hidden_states``
+========================================  ===================================  ====================================
+
+The plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``) and
+``SpeculativeAlgorithm.register`` / ``spec_registry`` are the same in both (only formatting differs).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import logging
+import os
+import re
+from typing import Any, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+#: Inclusive range of SGLang releases this plugin supports.
+SUPPORTED_MIN: Tuple[int, int, int] = (0, 5, 17)
+SUPPORTED_MAX: Tuple[int, int, int] = (0, 5, 23)
+SUPPORTED_RANGE_TEXT = "sglang 0.5.17 to 0.5.23 (inclusive)"
+
+#: Set to 1 to downgrade the version refusal to a warning (for trying a newer SGLang; unsupported).
+SKIP_VERSION_CHECK_ENV = "SGLANG_DETSPEC_SKIP_VERSION_CHECK"
+
+_MISSING = object()
+
+
+class UnsupportedSGLangVersion(ImportError):
+    """The installed SGLang is outside :data:`SUPPORTED_RANGE_TEXT`."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Version
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_version(text: str) -> Tuple[int, int, int]:
+    """``"0.5.23"`` / ``"0.5.23.post1"`` / ``"0.5.24rc1"`` -> ``(0, 5, 23)`` / ``(0, 5, 23)`` / ``(0, 5, 24)``.
+
+    Only the release triple matters for support; a post-release of a supported version is supported and a
+    pre-release of the next one is not.
+    """
+    m = re.match(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        raise ValueError(f"cannot parse an SGLang version from {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def installed_sglang_version() -> Optional[str]:
+    """The installed SGLang's version string, or None when SGLang is not installed.
+
+    Reads package metadata, so it does not import SGLang (importing it takes seconds).
+    """
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        pass
+    # A source checkout on sys.path without dist-info: fall back to the module (slow path, rare).
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    import sglang  # noqa: PLC0415
+
+    return getattr(sglang, "__version__", None)
+
+
+def check_sglang_version(*, required: bool) -> Optional[Tuple[int, int, int]]:
+    """Refuse an SGLang outside the supported range; return the parsed version (None if not installed).
+
+    ``required=False`` tolerates a missing SGLang: the Triton kernel and the proposal dispatcher are usable
+    without it (the GPU test machine has no SGLang). A *present* but unsupported SGLang is always refused,
+    unless ``SGLANG_DETSPEC_SKIP_VERSION_CHECK=1``.
+    """
+    text = installed_sglang_version()
+    if text is None:
+        if required:
+            raise UnsupportedSGLangVersion(
+                f"sglang-detspec needs SGLang installed ({SUPPORTED_RANGE_TEXT}); it is not. "
+                'Install a supported release, e.g. `pip install "sglang==0.5.23"`.'
+            )
+        return None
+    version = parse_version(text)
+    if SUPPORTED_MIN <= version <= SUPPORTED_MAX:
+        return version
+    message = (
+        f"sglang-detspec supports {SUPPORTED_RANGE_TEXT}, but sglang {text} is installed. "
+        'Install a supported release (e.g. `pip install "sglang==0.5.23"`), or set '
+        f"{SKIP_VERSION_CHECK_ENV}=1 to try anyway (unsupported: the plugin reaches into SGLang internals "
+        "that change between releases)."
+    )
+    if os.environ.get(SKIP_VERSION_CHECK_ENV, "") not in ("", "0"):
+        logger.warning("%s (continuing because %s is set)", message, SKIP_VERSION_CHECK_ENV)
+        return version
+    raise UnsupportedSGLangVersion(message)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Server-argument resolution
+# ---------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def uses_resolution_pipeline() -> bool:
+    """True where ``ServerArgs.resolve_once`` runs ``arg_groups.pipeline`` (0.5.23); False where
+    ``ServerArgs.__post_init__`` resolves in place (0.5.17)."""
+    from sglang.srt.server_args import ServerArgs
+
+    return hasattr(ServerArgs, "resolve_once") and importlib.util.find_spec("sglang.srt.arg_groups.pipeline") is not None
+
+
+def resolution_entry_target() -> str:
+    """Dotted path of the one function that runs a whole server-argument resolution.
+
+    The plugin wraps it (``HookRegistry`` AROUND) so that every resolution step sees the EAGLE twin name.
+    Both callers look the target up at call time, so the ``HookRegistry`` patch reaches them:
+    ``resolve_once`` imports ``run_resolution_pipeline`` inside its body, and a dataclass ``__init__`` calls
+    ``self.__post_init__()`` through the class.
+    """
+    if uses_resolution_pipeline():
+        return "sglang.srt.arg_groups.pipeline.run_resolution_pipeline"
+    return "sglang.srt.server_args.ServerArgs.__post_init__"
+
+
+def read_field(server_args: Any, name: str, default: Any = _MISSING) -> Any:
+    """The value resolution has decided so far for ``name`` (the raw input before any step ran).
+
+    ``default`` is returned for a field this SGLang release does not have; without it that raises
+    AttributeError.
+    """
+    view = server_args
+    if uses_resolution_pipeline():
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        view = resolving_view(server_args)
+    elif _mid_resolution_0517(server_args):
+        # 0.5.17 handlers assign most fields but some passes only declare (materialized at the end of
+        # __post_init__); the overlay shows both.
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        view = resolved_view(server_args)
+    try:
+        return getattr(view, name)
+    except AttributeError:
+        if default is _MISSING:
+            raise
+        return default
+
+
+def has_field(server_args: Any, name: str) -> bool:
+    """Whether this SGLang release's ServerArgs has a field called ``name``."""
+    return read_field(server_args, name, _MISSING) is not _MISSING
+
+
+def write_fields(server_args: Any, source: str, **fields: Any) -> None:
+    """Decide ``fields`` the way this release's resolution does: a declaration (0.5.23) or an assignment
+    (0.5.17). ``source`` names the decision in 0.5.23's resolution log."""
+    if not fields:
+        return
+    if uses_resolution_pipeline():
+        from sglang.srt.arg_groups.overrides import declare_resolution
+
+        declare_resolution(server_args, source, **fields)
+        return
+    for name in fields:
+        if not hasattr(server_args, name):
+            raise AttributeError(f"{source}: {name!r} is not a ServerArgs field")
+    if getattr(server_args, "_declarations_materialized", False):
+        # 0.5.17 seals the record once __post_init__ has materialized its declarations; ``override`` is its
+        # one sanctioned post-resolution write (it also records resolvable fields for a republish).
+        server_args.override(source, **fields)
+        return
+    for name, value in fields.items():
+        setattr(server_args, name, value)
+
+
+def _mid_resolution_0517(server_args: Any) -> bool:
+    return getattr(server_args, "_resolved_overrides", None) is not None and not getattr(
+        server_args, "_declarations_materialized", False
+    )
+
+
+def model_config(server_args: Any) -> Any:
+    """The target ``ModelConfig`` as resolution builds it (memoized by SGLang on the record)."""
+    if uses_resolution_pipeline():
+        from sglang.srt.arg_groups.overrides import model_config_of
+
+        return model_config_of(server_args)
+    return server_args.get_model_config()
+
+
+def multi_layer_eagle_enabled(server_args: Any) -> bool:
+    """What upstream ``SpeculativeAlgorithm.create_worker`` reads to choose the multi-layer worker."""
+    return bool(read_field(server_args, "enable_multi_layer_eagle", False))
+
+
+def is_dummy_model(server_args: Any) -> bool:
+    """``--model-path dummy``/``none``: both releases stop resolving right away (no spec handling at all)."""
+    path = read_field(server_args, "model_path", None)
+    return str(path).lower() in ("none", "dummy")
+
+
+def load_hf_config(path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None) -> Any:
+    """A checkpoint's HF config, through the same helper SGLang's speculative handler uses."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    kwargs = {}
+    if revision is not None:
+        kwargs["revision"] = revision
+    return get_config(path, trust_remote_code=trust_remote_code, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Platform
+# ---------------------------------------------------------------------------------------------------
+
+
+def platform_is_out_of_tree() -> bool:
+    """An out-of-tree hardware platform plugin is active (both releases expose ``current_platform``)."""
+    try:
+        from sglang.srt.platforms import current_platform
+    except ImportError:  # pragma: no cover - both supported releases have it
+        return False
+    probe = getattr(current_platform, "is_out_of_tree", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def torch_is_rocm() -> bool:
+    """ROCm builds of torch report ``device == "cuda"`` too; this tells them apart."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speculative-algorithm interface
+# ---------------------------------------------------------------------------------------------------
+
+
+def builtin_algorithm(name: str) -> Any:
+    """The builtin ``SpeculativeAlgorithm`` member called ``name`` (``"EAGLE"`` / ``"EAGLE3"``)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm[name]
+
+
+def enum_interface_methods() -> dict:
+    """Every plain method the ``SpeculativeAlgorithm`` enum defines in this release, by name.
+
+    ``from_string`` may return a builtin member or a registered ``CustomSpecAlgo``, and SGLang calls these
+    methods on either without isinstance checks, so a registered class must answer all of them. The set
+    differs per release (see the module docstring), hence it is read from the installed enum.
+    """
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    members = set(SpeculativeAlgorithm.__members__)
+    out = {}
+    for name, value in vars(SpeculativeAlgorithm).items():
+        if name.startswith("_") or name in members:
+            continue
+        if isinstance(value, (classmethod, staticmethod, property)):
+            continue
+        if callable(value):
+            out[name] = value
+    return out

@@ -1,0 +1,477 @@
+"""Server-argument handling for ``--speculative-algorithm DETSPEC_EAGLE | DETSPEC_EAGLE3``.
+
+What the plugin does at startup
+===============================
+
+SGLang resolves server arguments once, in the launcher process, and hands the resolved record to every
+scheduler. The plugin wraps that one resolution (``HookRegistry`` AROUND hook on
+``arg_groups.pipeline.run_resolution_pipeline`` on 0.5.23, on ``ServerArgs.__post_init__`` on 0.5.17; see
+:mod:`~sglang_detspec.integration.compat`). For a DETSPEC name it:
+
+1. refuses flags that cannot give reproducible output (table below), naming the flag and what to do;
+2. fills the linear-chain defaults: ``--speculative-eagle-topk 1``; ``--speculative-num-steps 3`` unless
+   given (``--speculative-num-draft-tokens - 1`` if only that is given);
+   ``--speculative-num-draft-tokens = steps + 1``;
+3. runs SGLang's *own* resolution with the algorithm name set to the builtin twin (``EAGLE`` /
+   ``EAGLE3``) and rejection sampling off, so every resolution step behaves exactly as for upstream EAGLE:
+   ``_handle_eagle_family`` (``--max-running-requests`` default 48, draft path = model path for DeepSeek-
+   style MTP checkpoints, topk/page/backend checks, overlap off on CPU), NEXTN/EAGLE aliasing, the
+   model overrides that switch on multi-layer EAGLE (MiMo-V2, Step-3.5, GigaChat-3.5), the DeepSeek-V4 /
+   KV-sharding / unified-memory / LoRA / pipeline-parallel checks that accept only the EAGLE names, etc.
+   Rejection sampling is off during this run because 0.5.17 refuses rejection sampling together with
+   ``--enable-deterministic-inference`` (its sampler was not seeded); the equivalent checks are step 4;
+4. checks the resolved result (CUDA device, deterministic inference on, topk 1, draft tokens = steps + 1,
+   a draft model, same draft/target vocabulary, the name still the twin -- not promoted to FROZEN_KV_MTP);
+5. sets the algorithm name back to ``DETSPEC_*`` and ``--speculative-use-rejection-sampling`` on. The
+   resolved name is what the scheduler passes to ``SpeculativeAlgorithm.from_string``, which returns the
+   registered DETSPEC algorithm and its workers.
+
+``--speculative-use-rejection-sampling`` need not be passed; it is always on.
+
+Refused flags (README-ready)
+============================
+
+Each refusal raises :class:`DetspecConfigError` (a ``ValueError``) at startup, before any model loads.
+
+==========================================  =================================================================
+flag / situation                            why it is refused, and what to do instead
+==========================================  =================================================================
+no ``--enable-deterministic-inference``     The seeds only exist in deterministic mode (SGLang gives every
+(or ``--rl-on-policy-target``)              request a ``sampling_seed``, default 42, only then), and the
+                                            attention / reduction kernels are only batch-invariant then.
+                                            Add ``--enable-deterministic-inference``; for non-reproducible
+                                            speculative sampling use ``--speculative-algorithm EAGLE``.
+``--speculative-eagle-topk`` > 1            Rejection sampling is implemented for the linear (topk 1) draft
+                                            chain only; tree drafting is deterministic top-k, not sampled.
+                                            Drop the flag (DETSPEC defaults to 1).
+``--device`` other than CUDA, ROCm, or an   The seeded draft sampler is a Triton kernel validated on NVIDIA
+out-of-tree platform plugin                 GPUs only (upstream also requires CUDA for deterministic
+                                            rejection sampling). Run on an NVIDIA GPU (``--device cuda``).
+``--speculative-adaptive``                  Adaptive speculation picks the draft length from the batch size,
+                                            so one request's draft length, verify-coin layout and tokens
+                                            would depend on what else is running. Drop the flag and set
+                                            ``--speculative-num-steps``.
+``--enable-mixed-chunk``                    Mixed chunked prefill decodes running speculative requests with
+                                            the plain target sampler whenever a prefill is co-scheduled, so
+                                            the tokens would depend on other requests' arrival times. Drop it.
+``--speculative-accept-threshold-single``   Rejection sampling ignores accept thresholds (upstream refuses
+/ ``--speculative-accept-threshold-acc``    the combination too). Leave both at 1.0.
+other than 1.0
+a draft vocabulary different from the       Rejection sampling needs the draft and target distributions over
+target's (``--speculative-token-map``, or   one vocabulary (upstream FIXME: no d2t scatter yet). Use a draft
+an EAGLE-3 draft with ``draft_vocab_size``  with the target's full vocabulary, or ``--speculative-algorithm
+!= the target vocab)                        EAGLE3`` (not reproducible). Checked from the draft config at
+                                            startup; SGLang's worker re-checks at init.
+``--speculative-use-block-verification``    Not validated with the seeded draft stream yet. Drop it.
+(0.5.23)
+``--enable-watermark`` (0.5.23)             Upstream refuses watermarking with rejection sampling.
+``--enable-return-aux-hidden-states``       That flag turns speculative decoding off (the algorithm only
+(0.5.23)                                    names a capture convention). Use ``--speculative-algorithm
+                                            EAGLE3`` for it.
+``--enable-attn-tp-input-scattered`` with   SGLang disables input scattering for EAGLE3 by comparing the name
+``DETSPEC_EAGLE3``                          to ``"EAGLE3"`` after startup, a check the DETSPEC name would
+                                            slip past. Drop the flag.
+no draft model (``--speculative-draft-      The draft worker would have no checkpoint. Pass the draft path
+model-path`` unset after resolution)        (for checkpoints that carry their MTP layer, the target path).
+a draft SGLang turns into FROZEN_KV_MTP     A Gemma-4 assistant draft is served by a different algorithm
+(Gemma-4 assistant drafts)                  with no rejection sampling. Use ``--speculative-algorithm EAGLE``.
+==========================================  =================================================================
+
+Not refused, documented instead (checked against BRIEF section 5 and the sources):
+
+* overlap scheduling: allowed. Every sampling key is built from per-request device tensors (seed,
+  ``seq_lens`` / positions) on the stream, so the CPU lag of the overlap scheduler cannot shift it.
+* DP attention, TP > 1, two-batch overlap, pipeline parallelism, PD disaggregation: allowed where
+  upstream allows them for EAGLE; batch invariance of the model forward is upstream deterministic mode's
+  job. Only TP=1 without these is exercised by this project's tests.
+* ``n > 1``: SGLang gives all n samples one seed, so they are identical in deterministic mode (upstream
+  behaviour; send n requests with different seeds instead).
+* retraction under memory pressure: a retracted request is re-prefilled and its next token is sampled by
+  the target sampler rather than by verify, so the realisation can change under memory pressure
+  (inherent; size ``--max-running-requests`` / ``--mem-fraction-static`` to avoid retraction).
+* multi-layer EAGLE: chosen exactly as upstream chooses it (``--enable-multi-layer-eagle`` or a model
+  override); the multi-layer worker owns its numerics caveats.
+
+Where SGLang compares the algorithm *name* (not ``is_eagle()``)
+=================================================================
+
+About 25 places compare ``speculative_algorithm`` to the strings ``"EAGLE"`` / ``"EAGLE3"``. How each one
+sees a DETSPEC algorithm:
+
+*During resolution* the name is the twin, so all of these behave exactly as for upstream EAGLE / EAGLE3
+(0.5.23 file:line; 0.5.17 has a subset):
+
+* ``arg_groups/speculative_hook.py`` -- NEXTN/EAGLE alias and Gemma-4 promotion (:109), PD-decode radix
+  cache (:167), block verification (:176, :188), draft window (:213), DP spec-prefill coordination
+  (:254), the rejection-sampling gate (:1215; bypassed on purpose, see step 3), HIP auto-RS (:56);
+  0.5.17 also ``--speculative-skip-dp-mlp-sync`` (:133);
+* ``speculative/adaptive_spec_params.py:61`` (adaptive; refused anyway);
+* ``arg_groups/overrides.py:346`` Step-3.5 / ``model_overrides/mimo_v2.py:23`` /
+  ``model_overrides/gigachat35.py:18`` -- switch on multi-layer EAGLE (0.5.17: ``overrides.py:680, 1381``);
+  ``overrides.py:858`` HIP DeepSeek draft MoE backend;
+* ``arg_groups/deepseek_v4_hook.py:149-155`` (DeepSeek-V4 accepts EAGLE only);
+* ``arg_groups/kv_shard_hook.py:109``, ``arg_groups/kv_cache_hook.py:160, 588-679`` (SM100 NVFP4 KV,
+  unified memory pool), ``arg_groups/validation_hook.py:90`` (watermark), ``:133`` (pipeline
+  parallelism), ``:694-730`` (aux hidden-state capture), ``arg_groups/lora_hook.py:252``,
+  ``arg_groups/cp_tp_group_sharing_hook.py:59``, ``model_overrides/iquest_q1.py:25``,
+  ``model_overrides/nemotron_h.py:137-144``, ``kernel_plugins/amd/binding.py:108``;
+  0.5.17 ``server_args.py:8929`` (LoRA only with NGRAM).
+
+*After startup* (in the scheduler, reading the published name ``DETSPEC_*``):
+
+* ``layers/attention/attention_registry.py:63`` (0.5.17 :52) -- creates ``plan_stream_for_flashinfer``
+  for EAGLE + FlashInfer; nothing reads that attribute in either release: no effect.
+* ``layers/layer_boundary/adapters/attention.py:90`` (0.5.17 ``layers/communicator.py:281``) -- disables
+  attention-TP input scattering for EAGLE3: covered by refusing ``--enable-attn-tp-input-scattered`` with
+  ``DETSPEC_EAGLE3``.
+* ``lora/utils.py:20`` -- a warning about LoRA adapters on embeddings: cosmetic.
+* ``managers/scheduler_components/metrics_reporter.py:62`` (``spec_algorithm in (EAGLE, EAGLE3, ...)``,
+  enum identity) -- forward-pass metrics snapshot only with ``enable_fpm``: metrics only.
+* ``mem_cache/page_interleave.py:264``, ``mem_cache/kv_cache_configurator.py:1938`` (``!= EAGLE``, enum
+  identity) -- KV-cache sharding's MTP scratch / shared draft pool; raise a clear upstream error with
+  ``--enable-kv-cache-sharding`` (PD-prefill only, GLM-DSA MTP only): unsupported, not silently wrong.
+* ``speculative/eagle_worker_v2.py:503, 620`` pass ``algorithm.name`` to out-of-tree platform runners:
+  out-of-tree platforms are refused.
+
+Everything else asks the algorithm object (``is_eagle()``, ``is_eagle3()``, ``need_topk()``, ...), which
+the registered class answers like the twin (:mod:`~sglang_detspec.integration.algorithm`).
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from typing import Any, Optional
+
+from sglang_detspec.integration import compat
+from sglang_detspec.integration.algorithm import DETSPEC_TWINS
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_NUM_STEPS",
+    "DetspecConfigError",
+    "around_resolution",
+    "check_draft_vocab",
+    "install_resolution_hook",
+    "requested_detspec_algorithm",
+    "resolution_hook_active",
+]
+
+#: Draft steps when neither --speculative-num-steps nor --speculative-num-draft-tokens is given: upstream's
+#: own choice for every topk-1 configuration (``_auto_choose_speculative_params`` returns (3, 1, 4)).
+DEFAULT_NUM_STEPS = 3
+
+
+class DetspecConfigError(ValueError):
+    """A server argument that DETSPEC speculative decoding refuses (the message names the flag and the fix)."""
+
+
+def _refuse(name: str, flag: str, why: str, fix: str) -> DetspecConfigError:
+    return DetspecConfigError(f"--speculative-algorithm {name} cannot be used with {flag}: {why}. {fix}")
+
+
+def requested_detspec_algorithm(server_args: Any) -> Optional[str]:
+    """``"DETSPEC_EAGLE"`` / ``"DETSPEC_EAGLE3"`` when the user asked for one (any case), else None."""
+    raw = compat.read_field(server_args, "speculative_algorithm", None)
+    if raw is None:
+        return None
+    name = str(raw).strip().upper()
+    return name if name in DETSPEC_TWINS else None
+
+
+def _flag(server_args: Any, field: str, default: Any = None) -> Any:
+    return compat.read_field(server_args, field, default)
+
+
+def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
+    """Refusals that depend only on what the user passed (run before SGLang resolves anything)."""
+    if not _flag(server_args, "enable_deterministic_inference", False) and _flag(server_args, "rl_on_policy_target") is None:
+        raise DetspecConfigError(
+            f"--speculative-algorithm {name} requires --enable-deterministic-inference: requests only carry "
+            "a sampling seed in deterministic mode, and only then are the kernels batch-invariant. Add "
+            "--enable-deterministic-inference (or use --speculative-algorithm "
+            f"{DETSPEC_TWINS[name]} for non-reproducible speculative sampling)."
+        )
+    device = _flag(server_args, "device")
+    if device is not None and not str(device).startswith("cuda"):
+        raise _refuse(
+            name,
+            f"--device {device}",
+            "the seeded draft sampler is a Triton kernel validated on NVIDIA CUDA GPUs only",
+            "Run on an NVIDIA GPU with --device cuda (or leave --device unset).",
+        )
+    _refuse_non_nvidia(server_args, name)
+    topk = _flag(server_args, "speculative_eagle_topk")
+    if topk is not None and int(topk) != 1:
+        raise _refuse(
+            name,
+            f"--speculative-eagle-topk {topk}",
+            "rejection sampling is implemented for the linear (topk 1) draft chain only",
+            "Drop the flag; DETSPEC algorithms default to --speculative-eagle-topk 1.",
+        )
+    if _flag(server_args, "speculative_adaptive", False):
+        raise _refuse(
+            name,
+            "--speculative-adaptive",
+            "adaptive speculation picks the draft length from the batch size, so a request's tokens would "
+            "depend on what else is running",
+            "Drop --speculative-adaptive and choose a fixed --speculative-num-steps.",
+        )
+    if _flag(server_args, "enable_mixed_chunk", False):
+        raise _refuse(
+            name,
+            "--enable-mixed-chunk",
+            "mixed chunked prefill decodes running speculative requests with the plain target sampler "
+            "whenever a prefill is co-scheduled, so a request's tokens would depend on other requests",
+            "Drop --enable-mixed-chunk.",
+        )
+    for field in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+        value = _flag(server_args, field, 1.0)
+        if value is not None and float(value) != 1.0:
+            raise _refuse(
+                name,
+                f"--{field.replace('_', '-')} {value}",
+                "rejection sampling ignores accept thresholds",
+                "Leave --speculative-accept-threshold-single and --speculative-accept-threshold-acc at 1.0.",
+            )
+    token_map = _flag(server_args, "speculative_token_map")
+    if token_map is not None:
+        raise _refuse(
+            name,
+            f"--speculative-token-map {token_map}",
+            "a reduced (hot-token) draft vocabulary differs from the target's, and rejection sampling needs "
+            "one shared vocabulary",
+            f"Drop the token map (use the full vocabulary), or use --speculative-algorithm {DETSPEC_TWINS[name]} "
+            "(not reproducible).",
+        )
+    if _flag(server_args, "speculative_use_block_verification", False):
+        raise _refuse(
+            name,
+            "--speculative-use-block-verification",
+            "block verification has not been validated with the seeded draft stream",
+            "Drop --speculative-use-block-verification (plain rejection sampling is always on).",
+        )
+    if _flag(server_args, "enable_watermark", False):
+        raise _refuse(
+            name,
+            "--enable-watermark",
+            "SGLang does not support watermarking together with rejection sampling",
+            "Drop --enable-watermark.",
+        )
+    if _flag(server_args, "enable_return_aux_hidden_states", False):
+        raise _refuse(
+            name,
+            "--enable-return-aux-hidden-states",
+            "that flag captures hidden states without a draft and turns speculative decoding off",
+            "Use --speculative-algorithm EAGLE3 to name the capture convention.",
+        )
+    if DETSPEC_TWINS[name] == "EAGLE3" and _flag(server_args, "enable_attn_tp_input_scattered", False):
+        raise _refuse(
+            name,
+            "--enable-attn-tp-input-scattered",
+            "SGLang turns input scattering off for EAGLE3 by comparing the algorithm name to 'EAGLE3' at "
+            "model build time, which the DETSPEC_EAGLE3 name would slip past",
+            "Drop --enable-attn-tp-input-scattered.",
+        )
+
+
+def _refuse_non_nvidia(server_args: Any, name: str) -> None:
+    if compat.torch_is_rocm():
+        raise _refuse(
+            name,
+            "a ROCm build of torch",
+            "the seeded draft sampler is validated on NVIDIA CUDA GPUs only",
+            "Run on an NVIDIA GPU.",
+        )
+    if compat.platform_is_out_of_tree():
+        raise _refuse(
+            name,
+            "an out-of-tree SGLang platform plugin",
+            "such platforms substitute their own speculative workers, which do not seed the draft",
+            "Run on an NVIDIA GPU without SGLANG_PLATFORM plugins.",
+        )
+
+
+def _chain_defaults(server_args: Any) -> dict:
+    """The linear-chain defaults (topk 1, steps, steps + 1 draft tokens) for the fields the user left unset."""
+    out = {}
+    topk = _flag(server_args, "speculative_eagle_topk")
+    steps = _flag(server_args, "speculative_num_steps")
+    tokens = _flag(server_args, "speculative_num_draft_tokens")
+    if topk is None:
+        out["speculative_eagle_topk"] = 1
+    if steps is None:
+        # Upstream asserts topk and draft tokens are unset when steps is; derive steps from draft tokens.
+        steps = int(tokens) - 1 if tokens is not None and int(tokens) >= 2 else DEFAULT_NUM_STEPS
+        out["speculative_num_steps"] = steps
+    if tokens is None:
+        out["speculative_num_draft_tokens"] = int(steps) + 1
+    return out
+
+
+def check_draft_vocab(name: str, draft_vocab_size: Optional[int], target_vocab_size: Optional[int]) -> None:
+    """Refuse a draft whose vocabulary differs from the target's (also callable from a worker at init)."""
+    if draft_vocab_size is None or target_vocab_size is None:
+        return
+    if int(draft_vocab_size) != int(target_vocab_size):
+        raise _refuse(
+            name,
+            f"a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
+            "rejection sampling needs the draft and target distributions over one vocabulary (reduced "
+            "EAGLE-3 draft vocabularies are not supported yet)",
+            f"Use a draft with the target's full vocabulary, or --speculative-algorithm {DETSPEC_TWINS[name]} "
+            "(not reproducible).",
+        )
+
+
+def _check_resolved(server_args: Any, name: str, twin: str) -> None:
+    """Refusals that need the resolved configuration (run after SGLang's resolution)."""
+    algo = _flag(server_args, "speculative_algorithm")
+    if algo != twin:
+        raise _refuse(
+            name,
+            f"this draft (SGLang resolved the algorithm to {algo})",
+            "SGLang serves it with a different speculative algorithm (e.g. a Gemma-4 assistant draft becomes "
+            "FROZEN_KV_MTP), which has no rejection sampling",
+            f"Use --speculative-algorithm {twin} for this draft.",
+        )
+    if not _flag(server_args, "enable_deterministic_inference", False):
+        raise DetspecConfigError(
+            f"--speculative-algorithm {name} requires --enable-deterministic-inference (it resolved to off). "
+            "Add --enable-deterministic-inference."
+        )
+    device = _flag(server_args, "device")
+    if not str(device).startswith("cuda"):
+        raise _refuse(
+            name,
+            f"--device {device} (auto-detected)",
+            "the seeded draft sampler is a Triton kernel validated on NVIDIA CUDA GPUs only",
+            "Run on a machine with an NVIDIA GPU (--device cuda).",
+        )
+    _refuse_non_nvidia(server_args, name)
+    topk = _flag(server_args, "speculative_eagle_topk")
+    if topk != 1:
+        raise _refuse(
+            name,
+            f"--speculative-eagle-topk {topk} (as resolved)",
+            "rejection sampling is implemented for the linear (topk 1) draft chain only",
+            "Pass --speculative-eagle-topk 1.",
+        )
+    steps = _flag(server_args, "speculative_num_steps")
+    tokens = _flag(server_args, "speculative_num_draft_tokens")
+    if steps is None or tokens != steps + 1:
+        raise _refuse(
+            name,
+            f"--speculative-num-steps {steps} / --speculative-num-draft-tokens {tokens} (as resolved)",
+            "a linear draft chain verifies exactly steps + 1 tokens",
+            "Pass --speculative-num-draft-tokens equal to --speculative-num-steps + 1.",
+        )
+    if _flag(server_args, "speculative_adaptive", False):
+        raise _refuse(
+            name,
+            "--speculative-adaptive (as resolved)",
+            "adaptive speculation makes a request's draft length depend on the batch size",
+            "Drop --speculative-adaptive.",
+        )
+    if _flag(server_args, "enable_mixed_chunk", False):
+        # The user did not ask for it (that is refused earlier): some default switched it on. Upstream turns
+        # it off for algorithms without mixed-chunk support, and so do we.
+        logger.warning("%s: disabling mixed chunked prefill (not reproducible with speculative decoding).", name)
+        compat.write_fields(server_args, "detspec.no_mixed_chunk", enable_mixed_chunk=False)
+    draft_path = _flag(server_args, "speculative_draft_model_path")
+    if draft_path is None:
+        raise _refuse(
+            name,
+            "no --speculative-draft-model-path",
+            "the draft worker needs a draft checkpoint",
+            "Pass --speculative-draft-model-path (for a checkpoint that carries its own MTP/NEXTN layer, the "
+            "target path).",
+        )
+    _check_draft_vocab_from_configs(server_args, name, draft_path)
+
+
+def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str) -> None:
+    # EAGLE-3 drafts declare a reduced vocabulary as ``draft_vocab_size`` (and ship a d2t map); SGLang
+    # builds its hot-token map from it. Reading the configs here turns SGLang's worker-init refusal into a
+    # startup one; when a config cannot be read here, that worker-init check still applies.
+    try:
+        target_vocab = getattr(compat.model_config(server_args), "vocab_size", None)
+        draft_cfg = compat.load_hf_config(
+            draft_path,
+            trust_remote_code=bool(_flag(server_args, "trust_remote_code", False)),
+            revision=_flag(server_args, "speculative_draft_model_revision"),
+        )
+    except Exception as exc:  # noqa: BLE001 - best effort, the worker re-checks
+        logger.warning("%s: could not compare draft and target vocabularies at startup (%s); the draft worker "
+                       "checks again when it loads.", name, exc)
+        return
+    check_draft_vocab(name, getattr(draft_cfg, "draft_vocab_size", None), target_vocab)
+
+
+def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """``HookRegistry`` AROUND hook on SGLang's resolution entry point (see the module docstring)."""
+    name = requested_detspec_algorithm(server_args)
+    if name is None or compat.is_dummy_model(server_args):
+        # Not ours; or --model-path dummy, for which SGLang itself skips all speculative handling.
+        return original(server_args, *args, **kwargs)
+    twin = DETSPEC_TWINS[name]
+    _refuse_unsupported_inputs(server_args, name)
+    compat.write_fields(
+        server_args,
+        "detspec.resolve_as_twin",
+        speculative_algorithm=twin,
+        speculative_use_rejection_sampling=False,
+        **_chain_defaults(server_args),
+    )
+    result = original(server_args, *args, **kwargs)
+    _check_resolved(server_args, name, twin)
+    compat.write_fields(
+        server_args,
+        "detspec.restore_name",
+        speculative_algorithm=name,
+        speculative_use_rejection_sampling=True,
+    )
+    logger.info(
+        "%s: resolved as %s with rejection sampling on (steps=%s, topk=1, draft tokens=%s).",
+        name,
+        twin,
+        _flag(server_args, "speculative_num_steps"),
+        _flag(server_args, "speculative_num_draft_tokens"),
+    )
+    return result
+
+
+def install_resolution_hook() -> str:
+    """Register :func:`around_resolution` with ``HookRegistry`` (once per process); return the target path.
+
+    ``load_plugins`` applies registered hooks right after running the plugin functions; a caller outside
+    ``load_plugins`` must apply them itself (``load_plugin`` does).
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    target = compat.resolution_entry_target()
+    registered = HookRegistry._hooks.get(target, [])  # noqa: SLF001 - no public query; avoid double wrapping
+    if not any(hook is around_resolution for _, hook, _ in registered):
+        HookRegistry.register(target, around_resolution, HookType.AROUND)
+    return target
+
+
+def resolution_hook_active() -> bool:
+    """Whether SGLang's resolution entry point currently runs :func:`around_resolution`."""
+    target = compat.resolution_entry_target()
+    try:
+        fn = pkgutil.resolve_name(target)
+    except Exception:  # noqa: BLE001
+        return False
+    seen = 0
+    while fn is not None and seen < 64:
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                if cell.cell_contents is around_resolution:
+                    return True
+            except ValueError:  # empty cell
+                continue
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    return False

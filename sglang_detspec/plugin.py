@@ -1,0 +1,91 @@
+"""The ``sglang.srt.plugins`` entry point: ``detspec = sglang_detspec.plugin:load_plugin``.
+
+SGLang's ``load_plugins()`` runs :func:`load_plugin` in every process it starts a server from
+(``sglang serve``, ``python -m sglang.launch_server``, ``sglang.Engine``) and again in every spawned
+scheduler, DP-controller and detokenizer process. It registers
+
+* the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
+  (:mod:`sglang_detspec.integration.algorithm`), and
+* the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
+
+and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
+logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
+plugin returns, the registered algorithms refuse to be configured (with an explanation) if SGLang ever
+resolves a DETSPEC name without the hook.
+
+Importing this module checks the installed SGLang release (0.5.17 to 0.5.23) and raises
+:class:`~sglang_detspec.integration.compat.UnsupportedSGLangVersion` outside that range.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict
+
+from sglang_detspec.integration import compat
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["load_plugin", "plugin_status"]
+
+SGLANG_VERSION = compat.check_sglang_version(required=True)
+
+
+def _inside_sglang_loader() -> bool:
+    """True while SGLang's ``load_plugins`` is running plugin functions (it applies hooks afterwards)."""
+    try:
+        from sglang.srt.plugins.hook_registry import _current_plugin_source
+    except ImportError:  # pragma: no cover - both supported releases have it
+        return False
+    return _current_plugin_source.get() is not None
+
+
+def load_plugin() -> Dict[str, object]:
+    """Register the DETSPEC algorithms and the resolution hook; idempotent within a process.
+
+    Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
+    """
+    try:
+        from sglang_detspec.integration import algorithm, server_args
+
+        algorithm.register_algorithms()
+        server_args.install_resolution_hook()
+        if not _inside_sglang_loader():
+            # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
+            # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
+            from sglang.srt.plugins.hook_registry import HookRegistry
+
+            HookRegistry.apply_hooks()
+            if not server_args.resolution_hook_active():
+                raise RuntimeError(
+                    "the server-argument resolution hook on "
+                    f"{compat.resolution_entry_target()} could not be applied (see the HookRegistry error above)"
+                )
+        algorithm.verify_registration()
+    except Exception:
+        logger.error(
+            "sglang-detspec: plugin registration FAILED; --speculative-algorithm DETSPEC_EAGLE / DETSPEC_EAGLE3 "
+            "will not work in this process.",
+            exc_info=True,
+        )
+        raise
+    status = plugin_status()
+    logger.info(
+        "sglang-detspec: registered %s for sglang %s (resolution hook on %s).",
+        ", ".join(status["algorithms"]),
+        status["sglang_version"],
+        status["resolution_target"],
+    )
+    return status
+
+
+def plugin_status() -> Dict[str, object]:
+    """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
+    from sglang_detspec.integration import algorithm, server_args
+
+    return {
+        "sglang_version": compat.installed_sglang_version(),
+        "algorithms": [name for name in algorithm.DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
+        "resolution_target": compat.resolution_entry_target(),
+        "resolution_hook_active": server_args.resolution_hook_active(),
+    }
