@@ -1,7 +1,459 @@
-"""Placeholder: the MULTI-LAYER helper owns this file and replaces it."""
+"""DETSPEC multi-layer EAGLE (MTP) worker: every draft proposal is seeded.
 
-from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+Multi-layer EAGLE drafts one token per MTP layer. SGLang samples those
+proposals at four sites (BRIEF §1.2 rows 4-7); this module routes all four
+through :func:`sglang_detspec.integration.proposal.seeded_draft_proposal` with
+sglang 0.5.23's keys, on every sglang from 0.5.17 to 0.5.23:
+
+====  ==========================================  =====================  ===========
+row   site                                        key position           draft_step
+====  ==========================================  =====================  ===========
+4     ``_draft_extend_for_prefill`` (eager)       ``batch.seq_lens`` (L)  MTP layer
+5     ``_draft_extend_for_decode``, per-step      ``seq_lens + N``        MTP layer
+      CUDA graphs (worker re-samples per replay)
+6     ``_draft_extend_for_decode``, eager         ``seq_lens + N``        MTP layer
+7     single-CG draft-extend runner (in-graph)    ``buffers.seq_lens``    MTP layer
+                                                  (= ``seq_lens + N``)
+====  ==========================================  =====================  ===========
+
+(N = ``speculative_num_draft_tokens``; ``batch.seq_lens`` is the pre-verify
+committed length.)  On top of upstream 0.5.23 every site also proposes the
+first argmax for greedy rows (``top_k <= 1``), which upstream only does at the
+single-layer decode sites.
+
+How the sites are reached, narrowest override first:
+
+* Rows 4-6 call ``sample_draft_proposal`` through the module global of
+  ``multi_layer_eagle_worker_v2``.  :func:`install_proposal_dispatch` replaces
+  that one binding, once, by a dispatcher that delegates to the original
+  unless a DETSPEC draft worker is inside ``_draft_extend_for_prefill`` /
+  ``_draft_extend_for_decode`` *in the current context* (a ``ContextVar`` set
+  by those two overrides), so a builtin EAGLE worker in the same process keeps
+  upstream behaviour.  The overrides themselves only compute the keys and call
+  ``super()``; no upstream method body is copied.
+* Row 7 samples inside the single CUDA graph.  The worker's
+  ``_capture_cuda_graphs`` builds the runner by its module-global class name;
+  the override rebinds that one name to
+  :class:`DetspecOneGraphDraftExtendRunner` for the duration of the ``super()``
+  call.  That runner owns per-request seed and top-k buffers (0.5.17 has no
+  seed buffer; 0.5.23's is not used so one code path serves both), refreshes
+  them in ``prepare()`` (before every replay) and its per-step runners
+  override ``_sample_draft_proposal`` (the method upstream selects when
+  ``buffers.draft_probs`` exists, same name in 0.5.17 and 0.5.23).
+
+q numerics (BRIEF §5 item 13).  Upstream's single-CG runner computes
+q = softmax(logits / T) with ``wide_row_softmax_triton`` (block-parallel
+reduction), while its eager and per-step decode paths use
+``torch.softmax(logits / T)``; the two differ in the last bit for most
+entries, so a request whose batch falls back to eager (batch larger than the
+largest captured graph) could draw a different token for the same key.  Every
+DETSPEC *decode* site therefore computes q with :func:`decode_draft_softmax`
+(the same wide-row kernel the graph uses, bit-identical to upstream's default
+single-CG path).  The prefill site is eager-only in every configuration, so it
+keeps upstream's sampling softmax and stays bit-identical to 0.5.23 there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import threading
+from typing import Callable, Optional
+
+import torch
+
+import sglang.srt.speculative.multi_layer_eagle_worker_v2 as _mlw
+from sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner import (
+    MultiLayerEagleDraftExtendCudaGraphRunner,
+    OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner,
+)
+from sglang.srt.speculative.multi_layer_eagle_utils import wide_row_softmax_triton
+from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
+    MultiLayerEagleDraftWorker,
+    MultiLayerEagleWorkerV2,
+)
+
+from sglang_detspec.integration import proposal as _proposal
+
+__all__ = [
+    "DetspecMultiLayerEagleDraftWorker",
+    "DetspecMultiLayerEagleWorkerV2",
+    "DetspecOneGraphDraftExtendRunner",
+    "DetspecSingleCGStepRunner",
+    "decode_draft_softmax",
+    "install_proposal_dispatch",
+    "prefill_draft_softmax",
+]
+
+# The name under which multi_layer_eagle_worker_v2 refers to the single-CG
+# runner class in _capture_cuda_graphs (identical in 0.5.17 and 0.5.23).
+_SINGLE_CG_RUNNER_NAME = "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner"
+
+_MISSING_SEED_MESSAGE = (
+    "DETSPEC multi-layer EAGLE drew a draft proposal without per-request "
+    "sampling seeds (sampling_info.sampling_seed is None). Seeds exist only "
+    "under --enable-deterministic-inference; launch with it, or use the "
+    "builtin EAGLE algorithm."
+)
+
+
+# --------------------------------------------------------------------------
+# q = softmax(logits / T)
+# --------------------------------------------------------------------------
+
+
+def decode_draft_softmax(
+    logits: torch.Tensor,
+    temperatures: Optional[torch.Tensor],
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """q = softmax(logits / T) exactly as the single-CG runner computes it.
+
+    Every DETSPEC multi-layer decode site (eager, per-step graphs, single graph)
+    calls this one function so the key -> token map cannot depend on which path
+    a batch took.  ``out`` may be a strided row view (the graph writes
+    ``draft_probs[:bs, step]``, row stride ``S*V``); its last dimension must be
+    contiguous.  Allocates only ``out`` (when not given) and the kernel's
+    ``[B, V/4096]`` partials, so it is CUDA-graph capturable.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, V], got shape {tuple(logits.shape)}")
+    bs, vocab = logits.shape
+    # The kernel addresses logits row r at r * V and reads fp32; .to/.contiguous
+    # are no-ops for the graph's fp32 logits buffer and exact for bf16 logits.
+    logits = logits.to(torch.float32).contiguous()
+    if temperatures is not None:
+        if temperatures.numel() != bs:
+            raise ValueError(
+                f"temperatures need one value per logits row: logits "
+                f"{tuple(logits.shape)}, temperatures {tuple(temperatures.shape)}"
+            )
+        # The kernel reads temperature r at offset r.
+        temperatures = temperatures.reshape(bs, 1).to(torch.float32).contiguous()
+    if out is None:
+        out = torch.empty((bs, vocab), dtype=torch.float32, device=logits.device)
+    elif out.shape != (bs, vocab) or out.dtype != torch.float32 or out.stride(1) != 1:
+        raise ValueError(
+            "out must be a float32 [B, V] view with contiguous rows, got "
+            f"shape {tuple(out.shape)} dtype {out.dtype} strides {out.stride()}"
+        )
+    if bs == 0:
+        return out
+    return wide_row_softmax_triton(logits, temperatures, out)
+
+
+def _upstream_sampling_softmax() -> Optional[Callable]:
+    try:  # sglang >= 0.5.23: the softmax sample_draft_proposal uses.
+        from sglang.kernels.ops.sampling import softmax
+    except ImportError:  # sglang 0.5.17: torch.softmax(logits / T).
+        return None
+    return softmax
+
+
+def prefill_draft_softmax(
+    logits: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
+    """q for the prefill proposal: upstream ``sample_draft_proposal``'s softmax.
+
+    The prefill site is eager in every configuration, so it keeps 0.5.23's
+    numerics (``sglang.kernels.ops.sampling.softmax``: logits / T, then the
+    Cake kernel on sm103 or ``torch.softmax``).  0.5.17 lacks that module; its
+    ``torch.softmax(logits / T)`` is the same computation off sm103.
+    """
+    softmax = _upstream_sampling_softmax()
+    if softmax is not None:
+        return softmax(logits, temperatures=temperatures)
+    return torch.softmax(logits / temperatures, dim=-1)
+
+
+# --------------------------------------------------------------------------
+# Worker-side sites (rows 4-6): a context-gated dispatcher
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _SiteKeys:
+    """Keys of one DETSPEC ``_draft_extend_for_*`` call; one proposal per MTP step."""
+
+    site: str
+    sampling_seed: Optional[torch.Tensor]
+    positions: torch.Tensor
+    top_ks: Optional[torch.Tensor]
+    softmax: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    num_steps: int
+    calls: int = 0
+
+
+_ACTIVE_SITE: contextvars.ContextVar[Optional[_SiteKeys]] = contextvars.ContextVar(
+    "sglang_detspec_multi_layer_site", default=None
+)
+_PATCH_LOCK = threading.RLock()
+
+
+def _seeded_sample_draft_proposal(
+    keys: _SiteKeys, next_token_logits: torch.Tensor, temperatures, kwargs
+):
+    step = keys.calls
+    keys.calls += 1
+    # 0.5.23 passes draft_step=step; 0.5.17 passes nothing and relies on call
+    # order.  A mismatch means upstream reordered its loop: refuse rather than
+    # silently key the wrong layer.
+    upstream_step = kwargs.get("draft_step")
+    if upstream_step is not None and int(upstream_step) != step:
+        raise RuntimeError(
+            f"DETSPEC multi-layer {keys.site}: proposal #{step} was made for "
+            f"draft_step={upstream_step}; sglang changed its MTP loop order"
+        )
+    if step >= keys.num_steps:
+        raise RuntimeError(
+            f"DETSPEC multi-layer {keys.site}: more proposals than the "
+            f"{keys.num_steps} MTP steps"
+        )
+    probs = keys.softmax(next_token_logits, temperatures)
+    if probs.shape[0] == 0:
+        # Idle round (DP attention rank without requests): nothing to key.
+        empty = probs.new_empty((0, 1))
+        return probs, empty, empty.to(torch.int64)
+    if keys.sampling_seed is None:
+        raise RuntimeError(_MISSING_SEED_MESSAGE)
+    topk_p, topk_index = _proposal.seeded_draft_proposal(
+        probs, keys.sampling_seed, keys.positions, step, top_ks=keys.top_ks
+    )
+    # The verify's accept test coin*q(X) < p(X) needs X drawn from exactly the
+    # q it receives: hand back the probs tensor that was sampled.
+    return probs, topk_p, topk_index
+
+
+def install_proposal_dispatch() -> None:
+    """Route ``multi_layer_eagle_worker_v2.sample_draft_proposal`` (idempotent).
+
+    Calls made while no DETSPEC site is active in the current context go to
+    the function that was bound before, unchanged.
+    """
+    with _PATCH_LOCK:
+        current = _mlw.sample_draft_proposal
+        if getattr(current, "_detspec_multi_layer_dispatch", False):
+            return
+        upstream = current
+
+        @functools.wraps(upstream)
+        def sample_draft_proposal(next_token_logits, temperatures, *args, **kwargs):
+            keys = _ACTIVE_SITE.get()
+            if keys is None:
+                return upstream(next_token_logits, temperatures, *args, **kwargs)
+            return _seeded_sample_draft_proposal(
+                keys, next_token_logits, temperatures, kwargs
+            )
+
+        sample_draft_proposal._detspec_multi_layer_dispatch = True
+        sample_draft_proposal._detspec_upstream = upstream
+        _mlw.sample_draft_proposal = sample_draft_proposal
+
+
+@contextlib.contextmanager
+def _active_site(keys: _SiteKeys):
+    if not getattr(_mlw.sample_draft_proposal, "_detspec_multi_layer_dispatch", False):
+        # Something rebound the name after install (e.g. a hook applied later):
+        # without the dispatcher the proposals would use the global RNG.
+        raise RuntimeError(
+            "DETSPEC multi-layer: multi_layer_eagle_worker_v2.sample_draft_proposal "
+            "is not the DETSPEC dispatcher; call install_proposal_dispatch() "
+            "after any other patch of that name"
+        )
+    token = _ACTIVE_SITE.set(keys)
+    try:
+        yield keys
+    finally:
+        _ACTIVE_SITE.reset(token)
+    # Zero calls: non-RS path or the single-CG runner sampled in-graph.
+    if keys.calls not in (0, keys.num_steps):
+        raise RuntimeError(
+            f"DETSPEC multi-layer {keys.site}: {keys.calls} proposals for "
+            f"{keys.num_steps} MTP steps"
+        )
+
+
+def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
+    sampling_info = getattr(batch, "sampling_info", None)
+    return _SiteKeys(
+        site=site,
+        sampling_seed=getattr(sampling_info, "sampling_seed", None),
+        positions=positions,
+        top_ks=getattr(sampling_info, "top_ks", None),
+        softmax=softmax,
+        num_steps=worker.speculative_num_steps,
+    )
+
+
+# --------------------------------------------------------------------------
+# Single-CG runner (row 7)
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _GraphKeyBuffers:
+    """Persistent per-request key inputs the captured sampler reads."""
+
+    sampling_seed: torch.Tensor  # [max_bs] int64
+    top_ks: torch.Tensor  # [max_bs] int32
+
+
+class DetspecSingleCGStepRunner(MultiLayerEagleDraftExtendCudaGraphRunner):
+    """One MTP step of the single-CG runner, sampling with the seeded proposal.
+
+    Captured once per batch bucket ``bs``; at replay the buffers hold the
+    values ``DetspecOneGraphDraftExtendRunner.prepare`` staged.
+    """
+
+    detspec_keys: Optional[_GraphKeyBuffers] = None
+
+    def _sample_draft_proposal(self, ret, bs: int):
+        buffers = self.buffers
+        keys = self.detspec_keys
+        if keys is None:
+            raise RuntimeError(
+                "DETSPEC single-CG runner captured without its key buffers"
+            )
+        # q is written straight into this step's draft_probs slot (a strided
+        # view, row stride S*V) and X is drawn from that very tensor, so the
+        # clone the worker hands to verify is the distribution X came from.
+        probs = decode_draft_softmax(
+            self._select_step_logits(ret, bs),
+            buffers.temperatures[:bs],
+            out=buffers.draft_probs[:bs, self.step],
+        )
+        # Rows >= raw_bs are padding: the sampler is row-independent, so their
+        # stale or filler keys cannot change a real row.
+        ret.topk_p, ret.topk_index = _proposal.seeded_draft_proposal(
+            probs,
+            keys.sampling_seed[:bs],
+            buffers.seq_lens[:bs],
+            self.step,
+            top_ks=keys.top_ks[:bs],
+        )
+
+
+class DetspecOneGraphDraftExtendRunner(
+    OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner
+):
+    """Single-CG draft-extend runner with seeded in-graph proposals."""
+
+    detspec_keys: Optional[_GraphKeyBuffers] = None
+
+    def _create_runner(self, step: int):
+        return DetspecSingleCGStepRunner(self.eagle_worker, step)
+
+    def _allocate_buffers(self):
+        buffers = super()._allocate_buffers()
+        # Allocated before capture (capture runs inside __init__), outside the
+        # upstream buffer dataclass so buffer-pool sharing never aliases them.
+        with torch.device(self.device):
+            self.detspec_keys = _GraphKeyBuffers(
+                sampling_seed=torch.zeros((self.max_bs,), dtype=torch.int64),
+                top_ks=torch.ones((self.max_bs,), dtype=torch.int32),
+            )
+        for runner in self.runners:
+            if runner is not None:
+                runner.detspec_keys = self.detspec_keys
+        return buffers
+
+    def prepare(self, forward_batch, *args, **kwargs):
+        in_graph_proposal = self.buffers.draft_probs is not None
+        sampling_info = forward_batch.sampling_info
+        if in_graph_proposal and forward_batch.batch_size > 0:
+            if sampling_info is None or sampling_info.sampling_seed is None:
+                raise RuntimeError(_MISSING_SEED_MESSAGE)
+        super().prepare(forward_batch, *args, **kwargs)
+        if in_graph_proposal:
+            self.refresh_detspec_keys(sampling_info)
+
+    def refresh_detspec_keys(self, sampling_info) -> None:
+        """Stage this round's seeds and top-k into the graph's key buffers."""
+        raw_bs, bs = self.raw_bs, self.bs
+        keys = self.detspec_keys
+        if raw_bs > 0:
+            keys.sampling_seed[:raw_bs].copy_(sampling_info.sampling_seed[:raw_bs])
+            keys.top_ks[:raw_bs].copy_(sampling_info.top_ks[:raw_bs])
+        # Padded rows: fixed filler (seed 0, greedy) so a replay never depends
+        # on a previous round's requests, even in discarded rows.
+        keys.sampling_seed[raw_bs:bs].zero_()
+        keys.top_ks[raw_bs:bs].fill_(1)
+
+
+@contextlib.contextmanager
+def _single_cg_runner_bound_to(cls):
+    """Rebind the worker module's single-CG runner name for one capture."""
+    with _PATCH_LOCK:
+        original = getattr(_mlw, _SINGLE_CG_RUNNER_NAME)
+        setattr(_mlw, _SINGLE_CG_RUNNER_NAME, cls)
+        try:
+            yield
+        finally:
+            setattr(_mlw, _SINGLE_CG_RUNNER_NAME, original)
+
+
+# --------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------
+
+
+class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
+    """Multi-layer draft worker whose every proposal is seeded (rows 4-7)."""
+
+    def _capture_cuda_graphs(self):
+        with _single_cg_runner_bound_to(DetspecOneGraphDraftExtendRunner):
+            super()._capture_cuda_graphs()
+        runner = self.cuda_graph_runner_for_draft_extend
+        if (
+            runner is not None
+            and getattr(runner, "rotates_in_graph", False)
+            and self.use_rejection_sampling
+            and self.topk == 1
+            and not isinstance(runner, DetspecOneGraphDraftExtendRunner)
+        ):
+            raise RuntimeError(
+                f"DETSPEC multi-layer: draft-extend runner {type(runner).__name__} "
+                "samples in-graph without the seeded proposal"
+            )
+
+    def _draft_extend_for_prefill(self, batch, *args, **kwargs):
+        # Row 4: key position = L (batch.seq_lens, what 0.5.23 passes as
+        # forward_batch.seq_lens), draft_step = MTP layer.
+        keys = _site_keys(self, batch, "prefill", batch.seq_lens, prefill_draft_softmax)
+        with _active_site(keys):
+            return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+
+    def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+        # Rows 5-6: key position = L + N, the post-write length that
+        # prepare_for_draft_extend puts on forward_batch.seq_lens (and that the
+        # single-CG runner stages into buffers.seq_lens).  Computed from the
+        # batch before super() runs: that mutation stays on the forward batch.
+        positions = batch.seq_lens + self.speculative_num_draft_tokens
+        keys = _site_keys(self, batch, "decode", positions, decode_draft_softmax)
+        with _active_site(keys):
+            return super()._draft_extend_for_decode(
+                batch, batch_result, *args, **kwargs
+            )
 
 
 class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
-    """Placeholder subclass until the multi-layer helper's version lands."""
+    """``MultiLayerEagleWorkerV2`` whose draft worker samples seeded proposals.
+
+    Accepts each sglang version's constructor arguments unchanged (0.5.17 adds
+    ``ps``).
+    """
+
+    def __init__(self, *args, **kwargs):
+        install_proposal_dispatch()
+        super().__init__(*args, **kwargs)
+        draft = self._draft_worker
+        if type(draft) is not MultiLayerEagleDraftWorker:
+            raise RuntimeError(
+                "DETSPEC multi-layer: expected a MultiLayerEagleDraftWorker, got "
+                f"{type(draft).__name__}"
+            )
+        # Only methods differ (no new state), and graphs are captured later in
+        # init_cuda_graphs, so swapping the class after construction is safe.
+        draft.__class__ = DetspecMultiLayerEagleDraftWorker
