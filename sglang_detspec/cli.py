@@ -49,7 +49,8 @@ class CliError(Exception):
 
 
 class ServerUnreachable(CliError):
-    """Nothing answered at the URL (connection refused, unknown host, connect timeout)."""
+    """Nothing usable answered at the URL yet: connection refused, unknown host, connect timeout, or HTTP
+    502/503/504 on the server-info endpoint (``--wait`` keeps polling through these)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -330,6 +331,11 @@ def fetch_server_info(client: _Client) -> ServerInfo:
             raise CliError(
                 f"{client.url}{path} answered HTTP {resp.status_code}: the server wants an API key (--api-key)"
             )
+        if resp.status_code in (502, 503, 504):
+            # A server (or the proxy in front of it) that is still starting: --wait keeps polling.
+            raise ServerUnreachable(
+                f"{client.url}{path} answered HTTP {resp.status_code} (still starting?): {_error_message(resp)}"
+            )
         if resp.status_code >= 400:
             raise CliError(f"{client.url}{path} answered HTTP {resp.status_code}: {_error_message(resp)}")
         try:
@@ -531,6 +537,9 @@ def run_check(
         raise CliError("--temperature must be >= 0")
     if seeds is not None and len(set(seeds)) < 2:
         raise CliError("--seeds needs at least two distinct seeds")
+    for s in [seed, *(seeds or ())]:
+        if not -(2**63) <= s < 2**63:
+            raise CliError(f"seed {s} is outside SGLang's sampling_seed range [-2**63, 2**63 - 1]")
 
     from concurrent.futures import ThreadPoolExecutor
 

@@ -63,6 +63,7 @@ class FakeSGLang:
         delay: float = 0.0,
         version: str = "0.5.23",
         accept_length: float = 2.0,
+        port: int = 0,
     ):
         self.mode = mode
         self.output_ids = output_ids
@@ -73,6 +74,7 @@ class FakeSGLang:
         self.delay = delay
         self.version = version
         self.accept_length = accept_length
+        self.port = port
         self.lock = threading.Lock()
         self.generate_requests: list[dict] = []
         self.responses: list[dict] = []
@@ -100,7 +102,7 @@ class FakeSGLang:
             def do_POST(self):
                 fake._handle(self, "POST")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -124,6 +125,25 @@ def test_timeout_is_one_clear_line():
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "did not answer within 0.5 s" in lines[0]
+
+
+def test_wait_for_a_server_that_is_still_starting():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_detspec", "check", "--url", f"127.0.0.1:{port}", "--trials", "2",
+         "--max-fillers", "1", "--wait", "60", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        time.sleep(2.0)
+        assert proc.poll() is None, proc.communicate()  # still waiting, not failed
+        with FakeSGLang("deterministic", port=port):
+            out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out + err
+    assert "PASS" in out
 
 
 def test_warns_when_deterministic_inference_is_off():
