@@ -1,0 +1,137 @@
+"""CPU tests of the tiny offline model dirs (sglang_detspec.tiny_models): they load with
+transformers, are byte-identical across builds, build without network, and cache atomically."""
+
+import json
+import os
+import socket
+
+import pytest
+
+from sglang_detspec import tiny_models as tm
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return root, tm.ensure_tiny_models(root)
+
+
+def test_layout_and_cache_location(built):
+    root, m = built
+    assert m.target.parent == m.eagle_draft.parent == m.eagle3_draft.parent
+    assert m.target.parent.parent == root
+    assert m.target.parent.name == f"tiny-models-v{tm.TINY_MODELS_VERSION}"
+    assert {p.name for p in m.target.iterdir()} >= {"config.json", "tokenizer.json", "tokenizer_config.json"}
+    # Config-only drafts: served with --load-format dummy, no weight files anywhere.
+    assert [p.name for p in m.eagle_draft.iterdir()] == ["config.json"]
+    assert [p.name for p in m.eagle3_draft.iterdir()] == ["config.json"]
+    assert not any(p.suffix in (".safetensors", ".bin", ".pt") for p in m.target.parent.rglob("*"))
+    # Nothing left over from the atomic build.
+    assert sorted(p.name for p in root.iterdir()) == [m.target.parent.name]
+
+
+def test_configs_load_with_transformers(built):
+    from transformers import AutoConfig
+
+    _, m = built
+    t = AutoConfig.from_pretrained(m.target)
+    e = AutoConfig.from_pretrained(m.eagle_draft)
+    e3 = AutoConfig.from_pretrained(m.eagle3_draft)
+    assert t.architectures == ["LlamaForCausalLM"] and t.model_type == "llama"
+    assert e.architectures == ["LlamaForCausalLMEagle"]
+    assert e3.architectures == ["LlamaForCausalLMEagle3"]
+    assert t.num_hidden_layers == 8
+    assert e.num_hidden_layers == e3.num_hidden_layers == 1
+    for d in (e, e3):  # the draft shares the target's embedding/lm_head shapes
+        assert (d.hidden_size, d.vocab_size, d.num_attention_heads, d.num_key_value_heads) == (
+            t.hidden_size, t.vocab_size, t.num_attention_heads, t.num_key_value_heads)
+    # LlamaForCausalLMEagle3 reads draft_vocab_size unconditionally; equal vocab means no d2t map.
+    raw3 = json.loads((m.eagle3_draft / "config.json").read_text())
+    assert raw3["draft_vocab_size"] == t.vocab_size
+    aux = raw3["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert len(aux) == 3 and all(0 <= i + 1 < t.num_hidden_layers for i in aux)
+    raw = json.loads((m.target / "config.json").read_text())
+    assert raw["torch_dtype"] == "bfloat16"
+
+
+def test_tokenizer_loads_and_covers_the_vocab(built):
+    from transformers import AutoConfig, AutoTokenizer
+
+    _, m = built
+    tok = AutoTokenizer.from_pretrained(m.target)
+    cfg = AutoConfig.from_pretrained(m.target)
+    # Every id the dummy model can sample must be a real token.
+    assert len(tok) == cfg.vocab_size
+    assert tok.bos_token_id == cfg.bos_token_id == 0
+    assert tok.eos_token_id == cfg.eos_token_id == 1
+    text = "The river ran past the old mill: speculative decoding, 1234!"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text  # byte-level BPE round-trips arbitrary text
+    assert len(ids) < len(text)  # and actually merges (a trained, non-trivial tokenizer)
+    assert all(0 <= i < cfg.vocab_size for i in ids)
+
+
+def test_builds_are_byte_identical(tmp_path):
+    a = tm.build_tiny_models(tmp_path / "a")
+    b = tm.build_tiny_models(tmp_path / "b")
+    assert tm.tree_digest(tmp_path / "a") == tm.tree_digest(tmp_path / "b")
+    for x, y in zip(a, b):
+        for f in sorted(p.name for p in x.iterdir()):
+            assert (x / f).read_bytes() == (y / f).read_bytes(), f
+
+
+def test_build_needs_no_network(tmp_path, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("tiny model build tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tm.build_tiny_models(tmp_path / "m")
+    assert (tmp_path / "m" / "target" / "tokenizer.json").is_file()
+
+
+def test_default_root_follows_xdg_cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tm.default_cache_root() == tmp_path / "xdg" / "sglang-detspec"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert tm.default_cache_root() == tmp_path / "home" / ".cache" / "sglang-detspec"
+
+
+def test_cache_is_reused_not_rebuilt(built, monkeypatch):
+    root, m = built
+    before = {p: p.stat().st_mtime_ns for p in m.target.parent.rglob("*") if p.is_file()}
+
+    def fail(*a, **k):
+        raise AssertionError("cached tiny models were rebuilt")
+
+    monkeypatch.setattr(tm, "build_tiny_models", fail)
+    again = tm.ensure_tiny_models(root)
+    assert again == m
+    assert {p: p.stat().st_mtime_ns for p in m.target.parent.rglob("*") if p.is_file()} == before
+
+
+def test_incomplete_cache_entry_is_replaced(tmp_path):
+    final = tmp_path / f"tiny-models-v{tm.TINY_MODELS_VERSION}"
+    (final / "target").mkdir(parents=True)
+    (final / "target" / "config.json").write_text("{}")  # a half-written dir from a killed build
+    m = tm.ensure_tiny_models(tmp_path)
+    assert (m.target / "tokenizer.json").is_file() and (m.eagle3_draft / "config.json").is_file()
+    ref = tm.build_tiny_models(tmp_path / "ref")
+    assert tm.tree_digest(final) == tm.tree_digest(tmp_path / "ref")
+
+
+def test_lost_race_keeps_the_winner(tmp_path, monkeypatch):
+    # Simulate another process finishing first: the rename target appears during our build.
+    real_build = tm.build_tiny_models
+    final = tmp_path / f"tiny-models-v{tm.TINY_MODELS_VERSION}"
+
+    def racing_build(dest):
+        real_build(final)  # the "other process"
+        return real_build(dest)
+
+    monkeypatch.setattr(tm, "build_tiny_models", racing_build)
+    m = tm.ensure_tiny_models(tmp_path)
+    assert m.target == final / "target"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]  # temp dir cleaned up
