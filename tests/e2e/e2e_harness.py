@@ -241,6 +241,10 @@ class Server:
         # so stop() can end them all without touching anything else.
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         log.close()
+        # Process-group ids of every server started, so a wrapper killed by a time limit can still
+        # end exactly these (each is its own session: kill -- -PID).
+        with open(out_dir() / "server_pids.txt", "a") as f:
+            f.write(f"{self.proc.pid}\n")
         print(f"[detspec-e2e] started {self.name} pid={self.proc.pid} port={self.port} log={self.log_path}", flush=True)
 
     def log_tail(self, n: int = 60) -> str:
