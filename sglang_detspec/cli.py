@@ -637,7 +637,9 @@ def format_check(result: CheckResult) -> str:
         f"{len(result.trials)} trials next to {min(fillers)}-{max(fillers)} concurrent filler requests",
     ]
     unit = "token ids (output_ids)" if result.compared == "output_ids" else "text (the server returned no output_ids)"
-    lines.append(f"result:  {result.unique_outputs} unique probe output(s) in {len(result.trials)} trials, compared as {unit}")
+    lines.append(
+        f"result:  {result.unique_outputs} unique probe output(s) in {len(result.trials)} trials, compared as {unit}"
+    )
     d = result.divergence
     if d is not None:
         show = (lambda v: "the end" if v is None else f"id {v}") if d.unit == "token" else (
@@ -688,6 +690,11 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.report:
+        # Fail before minutes of trials, not after.
+        parent = os.path.dirname(os.path.abspath(args.report))
+        if not os.path.isdir(parent):
+            raise CliError(f"cannot write the report {args.report}: directory {parent} does not exist")
     result = run_check(
         args.url,
         prompt=args.prompt,
@@ -954,11 +961,39 @@ class DemoResult:
     reseeded: list[int] = field(default_factory=list)
 
 
-def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 512, extra: int = 24) -> DemoResult:
+def _load_kernel() -> tuple[Callable, str]:
+    """The fused Triton sampler and where it runs: the GPU, or Triton's interpreter on CPU tensors."""
+    import torch
+
+    if torch.cuda.is_available():
+        where = "cuda"
+    else:
+        # Triton reads TRITON_INTERPRET when a module defining a kernel is imported, so set it first.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        where = "cpu"
+    try:
+        from sglang_detspec import kernels
+    except ImportError as e:
+        raise CliError(f"the fused kernel (sglang_detspec.kernels) cannot be imported: {e}") from e
+    if where == "cpu" and not kernels.INTERPRETED:
+        raise CliError("no CUDA GPU, and the kernels were imported without TRITON_INTERPRET=1: "
+                       "set TRITON_INTERPRET=1 to run --kernel on CPU")
+
+    def on_device(p, s, pos, step):
+        pk, ik = kernels.seeded_draft_sample(p.to(where), s.to(where), pos.to(where), step)
+        return pk.cpu(), ik.cpu()
+
+    return on_device, ("Triton on the GPU" if where == "cuda" else "Triton interpreter on CPU")
+
+
+def run_demo(
+    sampler: Callable | None = None, *, batch: int = 8, vocab: int = 512, extra: int = 24, kernel: bool = False
+) -> DemoResult:
     """Compute, live on CPU, the invariants of the seeded draft sampler and render them as a small table.
 
     ``sampler`` defaults to :func:`sglang_detspec.reference.seeded_draft_sample`; tests pass a broken one to
-    prove the checks can fail.
+    prove the checks can fail.  ``kernel``: add a column drawn by the fused Triton kernel (on a permuted batch),
+    which must equal the reference's tokens.
     """
     import torch
 
@@ -1003,6 +1038,14 @@ def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 51
     where = {int(o): k for k, o in enumerate(order.tolist())}
     columns.append((f"+{extra} others", [mixed[where[i]] for i in range(batch)]))
     reseeded = draw(probs, seeds + 1, positions)
+    kernel_where = None
+    if kernel:
+        kernel_fn, kernel_where = _load_kernel()
+        _, kidx = kernel_fn(probs[perm], seeds[perm], positions[perm], 0)
+        kernel_col = [0] * batch
+        for k, i in enumerate(perm.tolist()):
+            kernel_col[i] = int(kidx.reshape(-1)[k])
+        columns.append(("fused kernel", kernel_col))
 
     same = [all(col[i] == columns[0][1][i] for _, col in columns) for i in range(batch)]
     changed = [reseeded[i] != columns[0][1][i] for i in range(batch)]
@@ -1029,7 +1072,8 @@ def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 51
 
     names = [name for name, _ in columns]
     widths = [max(len(n), 5) for n in names]
-    header = f"{'req':>3} {'seed':>13} {'pos':>5} | " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths)) + " | seed+1"
+    layout_cells = "  ".join(f"{n:>{w}}" for n, w in zip(names, widths))
+    header = f"{'req':>3} {'seed':>13} {'pos':>5} | {layout_cells} | seed+1"
     lines = [
         f"{PROG} demo: the seeded draft sampler (SGLang 0.5.23's key, reference implementation, CPU, vocab {vocab})",
         "Token drawn by each request alone, in one batch, permuted, split, among other requests; then with seed+1:",
@@ -1047,7 +1091,7 @@ def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 51
     ok_dist = dev <= limit
     mark = {True: "[ok]  ", False: "[FAIL]"}
     lines.append(f"{mark[ok_layout]} batch-invariant: {sum(same)}/{batch} requests drew one token in all "
-                 f"{len(columns)} layouts")
+                 f"{len(columns)} columns" + (f" (fused kernel: {kernel_where}, permuted batch)" if kernel else ""))
     lines.append(f"{mark[ok_seed]} seed-dependent: seed+1 drew a new token for {sum(changed)}/{batch} requests "
                  "(independent draws may coincide)")
     lines.append(f"{mark[ok_dist]} a true sampler: over {n_seeds} seeds, draws from p = "
@@ -1070,7 +1114,13 @@ def run_demo(sampler: Callable | None = None, *, batch: int = 8, vocab: int = 51
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    result = run_demo(batch=args.batch, vocab=args.vocab)
+    if args.kernel == "auto":
+        import torch
+
+        use_kernel = torch.cuda.is_available()
+    else:
+        use_kernel = args.kernel == "on"
+    result = run_demo(batch=args.batch, vocab=args.vocab, kernel=use_kernel)
     print(result.text)
     return EXIT_OK if result.passed else EXIT_FAIL
 
@@ -1137,8 +1187,9 @@ exit codes: 0 every trial matched (and distinct seeds differed); 1 they did not;
 
 _BENCH_EPILOG = f"""\
 examples:
-  {PROG} bench                      # default grid, writes the CSV and the PNG
-  {PROG} bench -- --help            # the benchmark's own options
+  {PROG} bench --out results/bench             # full grid: sampler_bench.csv + sampler_bench.png
+  {PROG} bench --quick --batch 1 128 --vocab 163840
+  {PROG} bench -- --help                        # the benchmark's own options
 
 Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/bench_sampler.py).
 """
@@ -1146,6 +1197,7 @@ Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/b
 _DEMO_EPILOG = f"""\
 examples:
   {PROG} demo
+  {PROG} demo --kernel on           # also the fused Triton kernel (interpreted on CPU)
   python -m sglang_detspec demo --batch 6
 
 Runs on CPU in seconds. Exit code 1 if an invariant does not hold (they are computed live).
@@ -1207,14 +1259,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="the probe's sampling_seed (default: %(default)s)")
     p.add_argument("--seeds", type=_parse_seeds, default=None, metavar="S1,S2,...",
                    help="also send the probe once per seed; fail if distinct seeds give identical outputs")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the probe (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="probe length in tokens (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the probe (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="probe length in tokens (default: %(default)s)")
     p.add_argument("--max-fillers", type=int, default=DEFAULT_MAX_FILLERS,
                    help="concurrent filler requests in the last, heaviest trial (default: %(default)s)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the probe prompt (default: %(default)r)")
     p.add_argument("--report", default=None, metavar="PATH", help="write a JSON report here")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for one response (default: %(default)s)")
-    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the server to come up (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for one response (default: %(default)s)")
+    p.add_argument("--wait", type=float, default=0.0,
+                   help="seconds to wait for the server to come up (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -1237,6 +1293,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=8, help="requests in the demo batch, 2-32 (default: %(default)s)")
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (default: %(default)s)")
+    p.add_argument("--kernel", choices=("auto", "on", "off"), default="auto",
+                   help="add a column drawn by the fused Triton kernel; auto: only with a CUDA GPU, on: also on "
+                   "CPU through Triton's interpreter (default: %(default)s)")
     return parser
 
 

@@ -26,7 +26,7 @@ ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+) \|((?:\s+\d+)+) \|\s+(\d+)")
 
 
 def test_demo_passes_and_table_is_consistent():
-    proc = run("demo")
+    proc = run("demo", "--kernel", "off")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     rows = [ROW.match(line) for line in out.splitlines()]
@@ -56,6 +56,31 @@ def test_demo_table_is_the_reference_draws():
         assert [int(x) for x in r.group(4).split()] == [idx.item()] * 5
         _, idx1 = seeded_draft_sample(p, torch.tensor([seed + 1]), torch.tensor([pos]), 0)
         assert int(r.group(5)) == idx1.item()
+
+
+def test_demo_with_the_fused_kernel():
+    # On CPU the kernel runs under Triton's interpreter; the CLI sets TRITON_INTERPRET itself.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-m", "sglang_detspec", "demo", "--kernel", "on"], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [r for r in (ROW.match(line) for line in proc.stdout.splitlines()) if r]
+    assert len(rows) == 8
+    for r in rows:
+        layouts = r.group(4).split()
+        assert len(layouts) == 6 and len(set(layouts)) == 1, r.group(0)
+    assert "fused kernel" in proc.stdout
+
+
+def test_demo_detects_a_kernel_that_disagrees(monkeypatch):
+    def off_by_one(p, s, pos, step):
+        pk, ik = seeded_draft_sample(p, s, pos, step)
+        return pk, (ik + 1) % p.shape[1]
+
+    monkeypatch.setattr(cli, "_load_kernel", lambda: (off_by_one, "test"))
+    res = cli.run_demo(kernel=True)
+    assert not res.passed
+    assert "[FAIL] batch-invariant: 0/8" in res.text
 
 
 def _batch_dependent(probs, seeds, positions, step):
@@ -148,3 +173,12 @@ def test_bench_missing_module_is_one_clear_line(monkeypatch, capsys):
     assert cli.main(["bench"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "benchmark" in err[0] and "not part of this installation" in err[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the benchmark's refusal on a machine without a GPU")
+def test_bench_runs_the_real_benchmark_module():
+    pytest.importorskip("sglang_detspec.benchmark", reason="the sampler benchmark is not in this checkout yet")
+    proc = run("bench", "--quick", "--out", "unused-dir")
+    # The real benchmark gets the arguments and answers for itself: no GPU here, so its own one-line refusal.
+    assert proc.returncode == 2
+    assert "no CUDA GPU" in proc.stderr
