@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run everything that needs a CUDA GPU, on any CUDA machine where sglang is installed normally.
 #
-#   scripts/run_gpu_checks.sh OUTDIR [--only PART[,PART...]] [--pytest-args "ARGS"]
+#   scripts/run_gpu_checks.sh OUTDIR [--only PART[,PART...]] [--quick] [--pytest-args "ARGS"]
 #
 # PART is one of:
 #   unit    GPU unit tests:        python -m pytest -m gpu tests/unit tests/gpu
@@ -11,23 +11,27 @@
 #                                   results in OUTDIR/e2e/e2e_results.json, server logs beside it)
 # Default: all four, in that order. Each part's output goes to OUTDIR/<part>.log; the script goes on
 # after a failing part and exits non-zero if any part failed. --pytest-args is passed to the e2e
-# pytest run (e.g. "-k builtin" to run only the baseline). Python: $PYTHON, else python3.
+# pytest run (e.g. "-k builtin" to run only the baseline); --quick passes --quick to the kernel checks
+# and the benchmark (a smoke run). Python: $PYTHON, else python3. One part at a time fits a 10-minute
+# budget: e2e starts its servers side by side (~2-3 min on an H200), kernel/bench with --quick.
 #
 # The plugin must be installed (pip install -e .) in that Python so that SGLang's plugin loader sees
 # its entry point; the e2e part checks this. Nothing here downloads anything: the tiny models are
 # built locally (sglang_detspec.tiny_models) and served with --load-format dummy.
 set -uo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage; exit 2; }
 case "$1" in -h|--help) usage; exit 0;; esac
 OUTDIR=$1; shift
 ONLY="unit,kernel,bench,e2e"
 PYTEST_ARGS=""
+QUICK=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --only) ONLY=$2; shift 2;;
     --only=*) ONLY=${1#--only=}; shift;;
+    --quick) QUICK=(--quick); shift;;
     --pytest-args) PYTEST_ARGS=$2; shift 2;;
     --pytest-args=*) PYTEST_ARGS=${1#--pytest-args=}; shift;;
     *) echo "unknown argument: $1" >&2; usage; exit 2;;
@@ -77,12 +81,12 @@ for p in ${ONLY//,/ }; do
       run_part unit "$PY" -m pytest -m gpu tests/unit tests/gpu -q -rs -p no:cacheprovider;;
     kernel)
       if [ -f scripts/gpu_kernel_checks.py ]; then
-        run_part kernel "$PY" scripts/gpu_kernel_checks.py --out "$OUTDIR"
+        run_part kernel "$PY" scripts/gpu_kernel_checks.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
       else
         echo "scripts/gpu_kernel_checks.py not found" | tee "$OUTDIR/kernel.log"; RC[kernel]=1
       fi;;
     bench)
-      run_part bench "$PY" scripts/bench_sampler.py --out "$OUTDIR";;
+      run_part bench "$PY" scripts/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"};;
     e2e)
       mkdir -p "$OUTDIR/e2e"
       # shellcheck disable=SC2086
