@@ -20,7 +20,7 @@
 # built locally (sglang_detspec.tiny_models) and served with --load-format dummy.
 set -uo pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage; exit 2; }
 case "$1" in -h|--help) usage; exit 0;; esac
 OUTDIR=$1; shift
