@@ -775,7 +775,10 @@ def build_serve_command(
             raise CliError(f"the embedded tiny models are not available in this installation ({e})") from e
         from pathlib import Path
 
-        models = ensure_tiny_models(Path(tiny_models_dir) if tiny_models_dir else None)
+        try:
+            models = ensure_tiny_models(Path(tiny_models_dir) if tiny_models_dir else None)
+        except (OSError, RuntimeError) as e:
+            raise CliError(f"building the tiny models failed: {e}") from e
         model_path = str(models.target)
         draft_model_path = str(models.eagle3_draft if algorithm == "DETSPEC_EAGLE3" else models.eagle_draft)
         # The tiny models carry a local tokenizer and no weights: nothing may be downloaded.
