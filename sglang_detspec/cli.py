@@ -838,11 +838,7 @@ def _cuda_available() -> bool:
 def _plugin_installed() -> bool:
     from importlib.metadata import entry_points
 
-    try:
-        eps = entry_points(group="sglang.srt.plugins")
-    except TypeError:  # Python 3.9 API
-        eps = entry_points().get("sglang.srt.plugins", [])
-    return any(ep.value.startswith("sglang_detspec") for ep in eps)
+    return any(ep.value.startswith("sglang_detspec") for ep in entry_points(group="sglang.srt.plugins"))
 
 
 def run_forwarding_signals(cmd: Sequence[str], env: dict | None = None) -> int:
