@@ -301,3 +301,50 @@ def enum_interface_methods() -> dict:
         if callable(value):
             out[name] = value
     return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Single-layer draft sampling (added by the single-layer worker helper)
+# ---------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def draft_graph_runner_owns_sampling_buffers() -> bool:
+    """Whether ``EAGLEDraftCudaGraphRunner`` owns per-row ``sampling_seed`` / ``top_ks`` graph buffers.
+
+    0.5.23: yes (``EagleDraftInputBuffers.sampling_seed`` under deterministic RS, ``runner.top_ks``
+    always; both refreshed in ``execute``). 0.5.17: no; its ``capture_one_shape`` builds the captured
+    ``SamplingBatchInfo`` without a seed and with a fresh all-``-1`` ``top_ks``, so the DETSPEC runner
+    must supply both.
+    """
+    import dataclasses
+
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EagleDraftInputBuffers
+
+    return "sampling_seed" in {f.name for f in dataclasses.fields(EagleDraftInputBuffers)}
+
+
+def draft_proposal_probs(next_token_logits: Any, temperatures: Any) -> Any:
+    """Draft q = softmax(logits / T) exactly as this release's ``sample_draft_proposal`` computes it.
+
+    0.5.23 uses ``spec_utils.sampling_softmax`` (fused kernel on CUDA); 0.5.17 uses
+    ``torch.softmax(logits / T, dim=-1)``. Verify must receive the q the token was drawn from, so each
+    release keeps its own softmax.
+    """
+    from sglang.srt.speculative import spec_utils
+
+    sampling_softmax = getattr(spec_utils, "sampling_softmax", None)
+    if sampling_softmax is not None:
+        return sampling_softmax(next_token_logits, temperatures=temperatures)
+    import torch
+
+    return torch.softmax(next_token_logits / temperatures, dim=-1)
+
+
+def top_k_all() -> int:
+    """SGLang's "no top-k truncation" value (``sampling_params.TOP_K_ALL``, ``1 << 30`` in both)."""
+    try:
+        from sglang.srt.sampling.sampling_params import TOP_K_ALL
+    except ImportError:  # pragma: no cover - both supported releases define it
+        return 1 << 30
+    return int(TOP_K_ALL)

@@ -54,10 +54,10 @@ import torch
 from sglang.srt.speculative import spec_utils as _spec_utils
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
     EAGLEDraftCudaGraphRunner,
-    EagleDraftInputBuffers,
 )
 from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
 
+from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
 
 __all__ = [
@@ -68,21 +68,8 @@ __all__ = [
     "current_draft_site",
 ]
 
-# ---------------------------------------------------------------------------
-# Version probes (kept here, next to their only user, and mirrored by the
-# compat.py helpers when that module exposes them).
-# ---------------------------------------------------------------------------
-
-# 0.5.23's runner owns per-row ``sampling_seed`` / ``top_ks`` graph buffers;
-# 0.5.17's captures a fresh all-(-1) top_ks tensor and no seed at all.
-_UPSTREAM_RUNNER_OWNS_SEED_BUFFERS = "sampling_seed" in {
-    f.name for f in dataclasses.fields(EagleDraftInputBuffers)
-}
-
-try:  # 0.5.17 and 0.5.23 both define it; the fallback mirrors its value.
-    from sglang.srt.sampling.sampling_params import TOP_K_ALL as _TOP_K_ALL
-except ImportError:  # pragma: no cover - older layouts
-    _TOP_K_ALL = 1 << 30
+# Version differences live in compat.py (see its "Single-layer draft sampling" section).
+draft_proposal_probs = _compat.draft_proposal_probs
 
 
 def _deterministic_inference_enabled() -> bool:
@@ -95,23 +82,6 @@ def _rejection_sampling_enabled() -> bool:
     from sglang.srt.runtime_context import get_spec
 
     return bool(get_spec().speculative_use_rejection_sampling)
-
-
-def draft_proposal_probs(
-    next_token_logits: torch.Tensor, temperatures: torch.Tensor
-) -> torch.Tensor:
-    """q = softmax(logits / T) computed exactly as the installed SGLang does it.
-
-    0.5.23's ``sample_draft_proposal`` uses ``sampling_softmax`` (a fused
-    kernel on CUDA); 0.5.17's uses ``torch.softmax(logits / T)``. The verify
-    step compares against whatever q the proposal was drawn from, so each
-    version keeps its own softmax (the keys, not q's last bits, are what must
-    match across versions).
-    """
-    sampling_softmax = getattr(_spec_utils, "sampling_softmax", None)
-    if sampling_softmax is not None:
-        return sampling_softmax(next_token_logits, temperatures=temperatures)
-    return torch.softmax(next_token_logits / temperatures, dim=-1)
 
 
 # ---------------------------------------------------------------------------
@@ -210,6 +180,9 @@ def _detspec_fast_sample(
     positions=batch.seq_lens``; 0.5.17 passes neither, so both come from the
     site. Unlike upstream, greedy rows propose the argmax here too.
     """
+    if probs.shape[0] == 0:
+        # Idle / empty batches (DP attention) may carry no seed; nothing is drawn.
+        return _spec_utils.fast_sample(probs, num_samples)
     site = _require_site("fast_sample")
     seed = _seed_or_fallback(site, sampling_seed)
     if seed is None or num_samples != 1:
@@ -236,7 +209,12 @@ def _detspec_sample_draft_proposal(
     step's accept test ``coin * q(X) < p(X)`` is only unbiased for that q.
     """
     site = _require_site("sample_draft_proposal")
-    seed = _seed_or_fallback(site, sampling_seed)
+    # Idle / empty batches (DP attention) may carry no seed; nothing is drawn.
+    seed = (
+        _seed_or_fallback(site, sampling_seed)
+        if next_token_logits.shape[0] > 0
+        else None
+    )
     if seed is None:
         # Not deterministic mode: behave exactly like the upstream worker
         # (0.5.17's sample_draft_proposal takes no top_ks; its callers pass none).
@@ -401,7 +379,7 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
 
     def _detspec_needs_own_buffers(self) -> bool:
         return (
-            not _UPSTREAM_RUNNER_OWNS_SEED_BUFFERS
+            not _compat.draft_graph_runner_owns_sampling_buffers()
             and _deterministic_inference_enabled()
             and _rejection_sampling_enabled()
         )
@@ -417,7 +395,7 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
             # TOP_K_ALL, not -1: -1 would read as top_k <= 1 (greedy) for rows
             # that never had a real value copied in.
             self._detspec_top_ks_buf = torch.full(
-                (self.max_bs,), _TOP_K_ALL, dtype=torch.int32, device=device
+                (self.max_bs,), _compat.top_k_all(), dtype=torch.int32, device=device
             )
 
     def capture_one_shape(self, size, forward, *args, **kwargs):

@@ -583,3 +583,18 @@ def test_draft_graph_replay_reads_refreshed_seeds(spy):
                 decode_forward_batch(sampling_info(seeds, [TOP_K_ALL, TOP_K_ALL]), [40, 41], [5, 6], num_steps)
             )[2]
             assert torch.equal(outs[-1], eager)
+
+
+def test_empty_batch_draws_nothing_and_needs_no_seed(recorder):
+    """Idle DP-attention batches reach the sites with zero rows and maybe no seed."""
+    site = sl.DraftSite(sl.DECODE_EXTEND, SimpleNamespace(sampling_seed=None, top_ks=None), lambda: None)
+    with published(), sl._draft_site(site):
+        probs, p, idx = sl._detspec_sample_draft_proposal(torch.zeros(0, V), torch.ones(0, 1))
+        p2, idx2 = sl._detspec_fast_sample(torch.zeros(0, V), 1)
+    assert probs.shape == (0, V) and idx.shape == (0, 1) and idx2.shape == (0, 1)
+    assert recorder.calls == []
+
+
+def test_stand_in_outside_a_known_site_refuses():
+    with pytest.raises(RuntimeError, match="outside a known draft site"):
+        sl._detspec_sample_draft_proposal(torch.zeros(1, V), torch.ones(1, 1))
