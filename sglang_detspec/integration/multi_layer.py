@@ -21,25 +21,32 @@ committed length.)  On top of upstream 0.5.23 every site also proposes the
 first argmax for greedy rows (``top_k <= 1``), which upstream only does at the
 single-layer decode sites.
 
-How the sites are reached, narrowest override first:
+How the sites are reached (no upstream body copied, no upstream module mutated)
+-----------------------------------------------------------------------------
+The sampling calls sit inside long upstream methods that differ between 0.5.17
+and 0.5.23.  As in :mod:`sglang_detspec.integration.single_layer`, the DETSPEC
+overrides run the *unchanged upstream code objects* with a private globals dict
+in which only a few names point at DETSPEC versions:
 
-* Rows 4-6 call ``sample_draft_proposal`` through the module global of
-  ``multi_layer_eagle_worker_v2``.  :func:`install_proposal_dispatch` replaces
-  that one binding, once, by a dispatcher that delegates to the original
-  unless a DETSPEC draft worker is inside ``_draft_extend_for_prefill`` /
-  ``_draft_extend_for_decode`` *in the current context* (a ``ContextVar`` set
-  by those two overrides), so a builtin EAGLE worker in the same process keeps
-  upstream behaviour.  The overrides themselves only compute the keys and call
-  ``super()``; no upstream method body is copied.
-* Row 7 samples inside the single CUDA graph.  The worker's
-  ``_capture_cuda_graphs`` builds the runner by its module-global class name;
-  the override rebinds that one name to
-  :class:`DetspecOneGraphDraftExtendRunner` for the duration of the ``super()``
-  call.  That runner owns per-request seed and top-k buffers (0.5.17 has no
-  seed buffer; 0.5.23's is not used so one code path serves both), refreshes
-  them in ``prepare()`` (before every replay) and its per-step runners
-  override ``_sample_draft_proposal`` (the method upstream selects when
-  ``buffers.draft_probs`` exists, same name in 0.5.17 and 0.5.23).
+* ``MultiLayerEagleDraftWorker._draft_extend_for_prefill`` /
+  ``_draft_extend_for_decode`` (rows 4-6): ``sample_draft_proposal`` -> a
+  stand-in that reads the key of the current site from a ``ContextVar`` the
+  override sets around the body (0.5.17 passes no seed/position/step at all;
+  0.5.23 passes the same keys, and its ``draft_step`` is cross-checked).
+* ``MultiLayerEagleDraftWorker._capture_cuda_graphs`` (row 7):
+  ``OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner`` ->
+  :class:`DetspecOneGraphDraftExtendRunner`.  That runner owns per-request
+  seed and top-k buffers (0.5.17 has no seed buffer; 0.5.23's is not used so
+  one code path serves both), refreshes them in ``prepare()`` (before every
+  replay), and its per-step runners override ``_sample_draft_proposal`` (the
+  in-graph sampler upstream selects when ``buffers.draft_probs`` exists; same
+  name in 0.5.17 and 0.5.23).
+* ``MultiLayerEagleWorkerV2.__init__``: ``MultiLayerEagleDraftWorker`` ->
+  :class:`DetspecMultiLayerEagleDraftWorker`.
+
+The upstream modules are never mutated, so a builtin EAGLE worker in the same
+process keeps upstream behaviour.  The private globals are snapshotted lazily
+at first use (in the scheduler process, after every plugin patch is applied).
 
 q numerics (BRIEF §5 item 13).  Upstream's single-CG runner computes
 q = softmax(logits / T) with ``wide_row_softmax_triton`` (block-parallel
@@ -59,12 +66,11 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import threading
-from typing import Callable, Optional
+import types
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
-import sglang.srt.speculative.multi_layer_eagle_worker_v2 as _mlw
 from sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner import (
     MultiLayerEagleDraftExtendCudaGraphRunner,
     OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner,
@@ -83,7 +89,6 @@ __all__ = [
     "DetspecOneGraphDraftExtendRunner",
     "DetspecSingleCGStepRunner",
     "decode_draft_softmax",
-    "install_proposal_dispatch",
     "prefill_draft_softmax",
 ]
 
@@ -169,7 +174,7 @@ def prefill_draft_softmax(
 
 
 # --------------------------------------------------------------------------
-# Worker-side sites (rows 4-6): a context-gated dispatcher
+# Worker-side sites (rows 4-6): the sample_draft_proposal stand-in
 # --------------------------------------------------------------------------
 
 
@@ -189,7 +194,6 @@ class _SiteKeys:
 _ACTIVE_SITE: contextvars.ContextVar[Optional[_SiteKeys]] = contextvars.ContextVar(
     "sglang_detspec_multi_layer_site", default=None
 )
-_PATCH_LOCK = threading.RLock()
 
 
 def _seeded_sample_draft_proposal(
@@ -217,6 +221,8 @@ def _seeded_sample_draft_proposal(
         empty = probs.new_empty((0, 1))
         return probs, empty, empty.to(torch.int64)
     if keys.sampling_seed is None:
+        # Never fall back to the global RNG: that is the batch-shape
+        # dependence DETSPEC exists to remove.
         raise RuntimeError(_MISSING_SEED_MESSAGE)
     topk_p, topk_index = _proposal.seeded_draft_proposal(
         probs, keys.sampling_seed, keys.positions, step, top_ks=keys.top_ks
@@ -226,42 +232,27 @@ def _seeded_sample_draft_proposal(
     return probs, topk_p, topk_index
 
 
-def install_proposal_dispatch() -> None:
-    """Route ``multi_layer_eagle_worker_v2.sample_draft_proposal`` (idempotent).
+def _detspec_sample_draft_proposal(next_token_logits, temperatures, *args, **kwargs):
+    """Stand-in for ``sample_draft_proposal`` inside the rebound upstream bodies.
 
-    Calls made while no DETSPEC site is active in the current context go to
-    the function that was bound before, unchanged.
+    Accepts both signatures: 0.5.17 ``(logits, temperatures)`` and 0.5.23
+    ``(logits, temperatures, top_ks=None, *, sampling_seed, positions,
+    draft_step)``.  Returns ``(q, q(X), X)``.
     """
-    with _PATCH_LOCK:
-        current = _mlw.sample_draft_proposal
-        if getattr(current, "_detspec_multi_layer_dispatch", False):
-            return
-        upstream = current
-
-        @functools.wraps(upstream)
-        def sample_draft_proposal(next_token_logits, temperatures, *args, **kwargs):
-            keys = _ACTIVE_SITE.get()
-            if keys is None:
-                return upstream(next_token_logits, temperatures, *args, **kwargs)
-            return _seeded_sample_draft_proposal(
-                keys, next_token_logits, temperatures, kwargs
-            )
-
-        sample_draft_proposal._detspec_multi_layer_dispatch = True
-        sample_draft_proposal._detspec_upstream = upstream
-        _mlw.sample_draft_proposal = sample_draft_proposal
+    keys = _ACTIVE_SITE.get()
+    if keys is None:
+        # Only the rebound DETSPEC bodies can reach this, and they always set a
+        # site: reaching here means upstream grew a caller we do not key.
+        raise RuntimeError(
+            "DETSPEC multi-layer sample_draft_proposal was called outside a known "
+            "draft site; the installed SGLang has a draft sampling call "
+            "sglang-detspec does not key yet"
+        )
+    return _seeded_sample_draft_proposal(keys, next_token_logits, temperatures, kwargs)
 
 
 @contextlib.contextmanager
 def _active_site(keys: _SiteKeys):
-    if not getattr(_mlw.sample_draft_proposal, "_detspec_multi_layer_dispatch", False):
-        # Something rebound the name after install (e.g. a hook applied later):
-        # without the dispatcher the proposals would use the global RNG.
-        raise RuntimeError(
-            "DETSPEC multi-layer: multi_layer_eagle_worker_v2.sample_draft_proposal "
-            "is not the DETSPEC dispatcher; call install_proposal_dispatch() "
-            "after any other patch of that name"
-        )
     token = _ACTIVE_SITE.set(keys)
     try:
         yield keys
@@ -285,6 +276,71 @@ def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
         softmax=softmax,
         num_steps=worker.speculative_num_steps,
     )
+
+
+# --------------------------------------------------------------------------
+# Running upstream method bodies with DETSPEC names
+# --------------------------------------------------------------------------
+
+
+def _rebind_globals(func: Callable, overrides: Dict[str, Any]) -> Callable:
+    """``func`` with the same code, defaults and closure but private globals.
+
+    The closure is kept so zero-argument ``super()`` inside the body still
+    resolves against the upstream class it was written in.
+    """
+    missing = [name for name in overrides if name not in func.__globals__]
+    if missing:
+        # A renamed global would silently keep calling the upstream sampler.
+        raise RuntimeError(
+            f"{func.__qualname__} no longer reads {missing} from its module; "
+            "sglang-detspec needs updating for this SGLang version"
+        )
+    new_globals = dict(func.__globals__)
+    new_globals.update(overrides)
+    clone = types.FunctionType(
+        func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__
+    )
+    clone.__kwdefaults__ = dict(func.__kwdefaults__ or {}) or None
+    functools.update_wrapper(clone, func)
+    return clone
+
+
+def _code_names(code: types.CodeType) -> set:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions / lambdas / comprehensions
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+# Which upstream names each rebound method must see as DETSPEC versions.  A
+# method that stops reading its name fails loudly in _upstream().
+_REBOUND_NAMES = {
+    "_draft_extend_for_prefill": ("sample_draft_proposal",),
+    "_draft_extend_for_decode": ("sample_draft_proposal",),
+    "_capture_cuda_graphs": (_SINGLE_CG_RUNNER_NAME,),
+    "__init__": ("MultiLayerEagleDraftWorker",),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _upstream(owner: type, name: str) -> Callable:
+    """Upstream ``owner.name`` running with the DETSPEC names (cached)."""
+    func = vars(owner)[name]
+    wanted = _REBOUND_NAMES[name]
+    unread = [n for n in wanted if n not in _code_names(func.__code__)]
+    if unread:
+        raise RuntimeError(
+            f"{owner.__name__}.{name} no longer refers to {unread}; "
+            "sglang-detspec needs updating for this SGLang version"
+        )
+    replacements = {
+        "sample_draft_proposal": _detspec_sample_draft_proposal,
+        _SINGLE_CG_RUNNER_NAME: DetspecOneGraphDraftExtendRunner,
+        "MultiLayerEagleDraftWorker": DetspecMultiLayerEagleDraftWorker,
+    }
+    return _rebind_globals(func, {n: replacements[n] for n in wanted})
 
 
 # --------------------------------------------------------------------------
@@ -382,18 +438,6 @@ class DetspecOneGraphDraftExtendRunner(
         keys.top_ks[raw_bs:bs].fill_(1)
 
 
-@contextlib.contextmanager
-def _single_cg_runner_bound_to(cls):
-    """Rebind the worker module's single-CG runner name for one capture."""
-    with _PATCH_LOCK:
-        original = getattr(_mlw, _SINGLE_CG_RUNNER_NAME)
-        setattr(_mlw, _SINGLE_CG_RUNNER_NAME, cls)
-        try:
-            yield
-        finally:
-            setattr(_mlw, _SINGLE_CG_RUNNER_NAME, original)
-
-
 # --------------------------------------------------------------------------
 # Workers
 # --------------------------------------------------------------------------
@@ -403,8 +447,8 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
     """Multi-layer draft worker whose every proposal is seeded (rows 4-7)."""
 
     def _capture_cuda_graphs(self):
-        with _single_cg_runner_bound_to(DetspecOneGraphDraftExtendRunner):
-            super()._capture_cuda_graphs()
+        # Same body; only the single-CG runner class name resolves to ours.
+        _upstream(MultiLayerEagleDraftWorker, "_capture_cuda_graphs")(self)
         runner = self.cuda_graph_runner_for_draft_extend
         if (
             runner is not None
@@ -423,18 +467,21 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
         # forward_batch.seq_lens), draft_step = MTP layer.
         keys = _site_keys(self, batch, "prefill", batch.seq_lens, prefill_draft_softmax)
         with _active_site(keys):
-            return super()._draft_extend_for_prefill(batch, *args, **kwargs)
+            return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_prefill")(
+                self, batch, *args, **kwargs
+            )
 
     def _draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
         # Rows 5-6: key position = L + N, the post-write length that
         # prepare_for_draft_extend puts on forward_batch.seq_lens (and that the
         # single-CG runner stages into buffers.seq_lens).  Computed from the
-        # batch before super() runs: that mutation stays on the forward batch.
+        # batch before the upstream body runs: that mutation stays on the
+        # forward batch.
         positions = batch.seq_lens + self.speculative_num_draft_tokens
         keys = _site_keys(self, batch, "decode", positions, decode_draft_softmax)
         with _active_site(keys):
-            return super()._draft_extend_for_decode(
-                batch, batch_result, *args, **kwargs
+            return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_decode")(
+                self, batch, batch_result, *args, **kwargs
             )
 
 
@@ -446,14 +493,5 @@ class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
     """
 
     def __init__(self, *args, **kwargs):
-        install_proposal_dispatch()
-        super().__init__(*args, **kwargs)
-        draft = self._draft_worker
-        if type(draft) is not MultiLayerEagleDraftWorker:
-            raise RuntimeError(
-                "DETSPEC multi-layer: expected a MultiLayerEagleDraftWorker, got "
-                f"{type(draft).__name__}"
-            )
-        # Only methods differ (no new state), and graphs are captured later in
-        # init_cuda_graphs, so swapping the class after construction is safe.
-        draft.__class__ = DetspecMultiLayerEagleDraftWorker
+        # Same body; the draft worker it builds by module-global name is ours.
+        _upstream(MultiLayerEagleWorkerV2, "__init__")(self, *args, **kwargs)

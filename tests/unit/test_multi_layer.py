@@ -79,20 +79,22 @@ def upstream_kwargs(monkeypatch):
     """What the installed sglang passes to sample_draft_proposal at each call.
 
     0.5.23 passes its own keys (sampling_seed, positions, draft_step); 0.5.17
-    passes none.  Recorded in front of the DETSPEC dispatcher.
+    passes none.  Recorded behind the DETSPEC stand-in.
     """
-    ml.install_proposal_dispatch()
     seen = []
-    dispatcher = mlw.sample_draft_proposal
+    real = ml._seeded_sample_draft_proposal
 
-    def recording(next_token_logits, temperatures, *args, **kwargs):
-        seen.append(kwargs)
-        return dispatcher(next_token_logits, temperatures, *args, **kwargs)
+    def recording(keys, next_token_logits, temperatures, kwargs):
+        seen.append(dict(kwargs))
+        return real(keys, next_token_logits, temperatures, kwargs)
 
-    for attr in ("_detspec_multi_layer_dispatch", "_detspec_upstream"):
-        setattr(recording, attr, getattr(dispatcher, attr))
-    monkeypatch.setattr(mlw, "sample_draft_proposal", recording)
+    monkeypatch.setattr(ml, "_seeded_sample_draft_proposal", recording)
     return seen
+
+
+def rebound_globals(name, owner=mlw.MultiLayerEagleDraftWorker):
+    """The private globals the DETSPEC override runs upstream ``owner.name`` with."""
+    return ml._upstream(owner, name).__globals__
 
 
 def make_sampling_info(seeds, temperatures, top_ks):
@@ -259,21 +261,31 @@ def test_prefill_without_seeds_refuses(spy, monkeypatch):
     assert spy == []
 
 
-def test_builtin_calls_keep_upstream_sampler():
-    """Outside a DETSPEC site the dispatcher is the upstream function."""
-    ml.install_proposal_dispatch()
-    ml.install_proposal_dispatch()  # idempotent
-    dispatcher = mlw.sample_draft_proposal
-    upstream = dispatcher._detspec_upstream
-    assert not getattr(upstream, "_detspec_multi_layer_dispatch", False)
-    logits = torch.randn(3, 50)
-    temps = torch.ones(3, 1)
-    torch.manual_seed(123)
-    expected = upstream(logits, temps)
-    torch.manual_seed(123)
-    got = dispatcher(logits, temps)
-    for e, g in zip(expected, got):
-        assert torch.equal(e, g)
+def test_upstream_modules_are_not_mutated(spy, monkeypatch):
+    """Builtin EAGLE in the same process keeps the upstream names."""
+    from sglang.srt.speculative import spec_utils
+
+    before = {
+        n: getattr(mlw, n)
+        for n in ("sample_draft_proposal", ml._SINGLE_CG_RUNNER_NAME, "MultiLayerEagleDraftWorker")
+    }
+    info = make_sampling_info([1, 2], [1.0, 1.0], [1 << 30, 1 << 30])
+    run_prefill(make_draft_worker(step_logits(2, seed=1)), [4, 5], info, monkeypatch)
+    assert len(spy) == NUM_STEPS
+    for name, value in before.items():
+        assert getattr(mlw, name) is value
+    assert mlw.sample_draft_proposal is spec_utils.sample_draft_proposal
+    assert mlw.MultiLayerEagleDraftWorker is not ml.DetspecMultiLayerEagleDraftWorker
+    # ... while the DETSPEC bodies see the DETSPEC names.
+    g = rebound_globals("_draft_extend_for_prefill")
+    assert g["sample_draft_proposal"] is ml._detspec_sample_draft_proposal
+    g = rebound_globals("__init__", owner=mlw.MultiLayerEagleWorkerV2)
+    assert g["MultiLayerEagleDraftWorker"] is ml.DetspecMultiLayerEagleDraftWorker
+
+
+def test_stand_in_refuses_unknown_caller():
+    with pytest.raises(RuntimeError, match="outside a known draft site"):
+        ml._detspec_sample_draft_proposal(torch.zeros(1, 4), torch.ones(1, 1))
 
 
 # --------------------------------------------------------------------------
@@ -328,7 +340,11 @@ def patch_prepare_for_draft_extend(monkeypatch):
             spec_info=draft_extend_input,
         )
 
-    monkeypatch.setattr(mlw, "prepare_for_draft_extend", prepare_for_draft_extend)
+    monkeypatch.setitem(
+        rebound_globals("_draft_extend_for_decode"),
+        "prepare_for_draft_extend",
+        prepare_for_draft_extend,
+    )
 
 
 class NoGraph:
@@ -677,15 +693,23 @@ def test_single_cg_refuses_missing_seeds(monkeypatch):
 
 @pytest.fixture
 def capture_env(monkeypatch):
+    """Let _capture_cuda_graphs reach the runner choice on CPU; record the runner built."""
     built = []
 
     def fake_init(self, eagle_worker):
         built.append(self)
         self.eagle_worker = eagle_worker
 
-    monkeypatch.setattr(mlw, "_is_cpu", False)
-    monkeypatch.setattr(mlw, "check_cuda_graph_backend", lambda *a, **k: False)
-    monkeypatch.setattr(mlw, "get_available_gpu_memory", lambda *a, **k: 0.0)
+    fakes = {
+        "_is_cpu": False,
+        "check_cuda_graph_backend": lambda *a, **k: False,
+        "get_available_gpu_memory": lambda *a, **k: 0.0,
+    }
+    # The DETSPEC body reads its private globals, the builtin one the module.
+    detspec_globals = rebound_globals("_capture_cuda_graphs")
+    for name, value in fakes.items():
+        monkeypatch.setitem(detspec_globals, name, value)
+        monkeypatch.setattr(mlw, name, value)
     monkeypatch.setattr(
         mlr.OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner, "__init__", fake_init
     )
@@ -725,3 +749,42 @@ def test_detspec_runner_overrides_the_upstream_sampler_hook():
     assert "_sample_draft_proposal" in vars(ml.DetspecSingleCGStepRunner)
     assert "prepare" in vars(mlr.MultiLayerEagleMultiStepDraftExtendCudaGraphRunner)
     assert hasattr(mlw, ml._SINGLE_CG_RUNNER_NAME)
+
+
+# --------------------------------------------------------------------------
+# the spec worker: upstream __init__ of each version, DETSPEC draft worker
+# --------------------------------------------------------------------------
+
+
+def test_worker_builds_detspec_draft_worker(monkeypatch):
+    import inspect
+
+    built = []
+
+    def fake_draft_init(self, *args, **kwargs):  # model loading needs a GPU
+        built.append(args)
+        self.parallel_layout = None
+
+    monkeypatch.setattr(ml.DetspecMultiLayerEagleDraftWorker, "__init__", fake_draft_init)
+    target = object()
+    spec = dict(speculative_eagle_topk=1, speculative_num_steps=NUM_STEPS,
+                speculative_num_draft_tokens=NUM_DRAFT_TOKENS)
+    if "ps" in inspect.signature(mlw.MultiLayerEagleWorkerV2.__init__).parameters:
+        # 0.5.17: (server_args, gpu_id, ps, nccl_port, target_worker), reads server_args.
+        server_args = SimpleNamespace(device="cpu", page_size=1,
+                                      speculative_algorithm="EAGLE", **spec)
+        ctx = contextlib.nullcontext()
+        kwargs = dict(server_args=server_args, gpu_id=0, ps=None, nccl_port=1,
+                      target_worker=target)
+    else:
+        # 0.5.23: (server_args, gpu_id, nccl_port, target_worker), reads the runtime context.
+        from sglang.test.test_utils import published_topology
+
+        ctx = published_topology(speculative_algorithm="EAGLE", device="cpu", **spec)
+        kwargs = dict(server_args=None, gpu_id=0, nccl_port=1, target_worker=target)
+    with ctx:
+        worker = ml.DetspecMultiLayerEagleWorkerV2(**kwargs)
+    assert type(worker._draft_worker) is ml.DetspecMultiLayerEagleDraftWorker
+    assert len(built) == 1 and built[0][-1] is target
+    assert worker.speculative_num_steps == NUM_STEPS
+    assert isinstance(worker, mlw.MultiLayerEagleWorkerV2)
