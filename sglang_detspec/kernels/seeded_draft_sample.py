@@ -135,67 +135,86 @@ def _row_prefix(seed_ptr, pos_ptr, row):
 
 
 @triton.jit
-def _neg_log2_u_f32(h, FAST_LOG: tl.constexpr):
+def _neg_log2_u_f32(h, FAST: tl.constexpr):
     """float32 approximation of -log2((h + 0.5) / 2**32), relative error < 2**-17 (module docstring)."""
     upper = h >= 0x80000000
     x = tl.where(upper, h ^ 0xFFFFFFFF, h)  # < 2**31: u (lower half) or 1 - u (upper half), never rounded to 1
-    v = (x.to(tl.float32) + 0.5) * 2.3283064365386963e-10
+    v = x.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
     arg = tl.where(upper, 1.0 - v, v)
-    if FAST_LOG:
-        lg = tl.inline_asm_elementwise(
-            "lg2.approx.f32 $0, $1;", "=r,r", [arg], dtype=tl.float32, is_pure=True, pack=1
-        )
+    if FAST:
+        lg = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [arg], dtype=tl.float32, is_pure=True, pack=1)
     else:
         lg = tl.log2(arg)
-    # -log2(1 - w) for w < 1/16: the series up to w^6/6 (tail < 2**-26.7 relative).
-    poly = v * (
-        1.4426950408889634
-        + v * (0.7213475204444817 + v * (0.48089834696298783 + v * (0.36067376022224085 + v * (0.2885390081777927 + v * 0.2404491734814939))))
-    )
-    return tl.where(upper & (v < 0.0625), poly, -lg)
+    # -log2(1 - w) = (w + w^2/2 + w^3/3 + w^4/4 + ...)/ln 2 for w < 2**-6: tail < w^4/5 < 2**-26 relative.
+    poly = v * (1.4426950408889634 + v * (0.7213475204444817 + v * (0.48089834696298783 + v * 0.36067376022224085)))
+    return tl.where(upper & (v < 0.015625), poly, -lg)
 
 
 @triton.jit
-def _exact_score_scalar(row_ptr, j, h_row, col_base, greedy):
+def _recip_f32(x, FAST: tl.constexpr):
+    if FAST:
+        # rcp.approx: <= 1 ulp; x is a normal float in [2**-33.6, 33] here (no range fix-ups needed)
+        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        r = 1.0 / x
+    return r
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _exact_score_scalar(row_ptr, j, h_row, col_base):
     """Upstream's float64 score for one token (scalar): (1 / -log((h + 0.5) / 2**32)) * p."""
     p = tl.load(row_ptr + j).to(tl.float64)
     h = _fmix32(_mix32(h_row, (col_base + j).to(tl.uint32)))
     u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # both steps exact in float64
     r = 1.0 / (-tl.log(u))
-    s = r * p
-    return tl.where(greedy, p, s)
+    return r * p
 
 
 @triton.jit
-def _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """Exact float64 first-index argmax over [lo, lo + CHUNK) with torch.argmax semantics (NaN wins).
+def _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, BLOCK: tl.constexpr):
+    """Exact float64 first-index argmax over [lo, lo + BLOCK) with torch.argmax semantics (NaN wins).
 
     Returns (score, index); score is NaN when the chunk holds a NaN score (index = first NaN).
-    Slow path: bad or near-tied chunks and lazily resolved low chunks only.
+    Slow path (stage 2 only): chunks with NaN/inf/negative maxima and lazily resolved low chunks.
     """
-    bs = tl.full([BLOCK], float("-inf"), tl.float64)
-    bi = tl.full([BLOCK], _INT_MAX, tl.int32)
-    ni = tl.full([BLOCK], _INT_MAX, tl.int32)
-    for t in range(0, CHUNK, BLOCK):
-        offs = lo + t + tl.arange(0, BLOCK)
-        mask = offs < V
-        p = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float64)
-        h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
-        u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
-        r = 1.0 / (-tl.log(u))
-        s = tl.where(greedy, p, r * p)
-        isn = mask & (s != s)
-        ni = tl.minimum(ni, tl.where(isn, offs, _INT_MAX))
-        # ``bi == INT_MAX`` admits the lane's first valid element even if its score is -inf.
-        upd = mask & ((s > bs) | ((s == bs) & (bi == _INT_MAX)))
-        bs = tl.where(upd, s, bs)
-        bi = tl.where(upd, offs, bi)
-    nan_i = tl.min(ni, 0)
-    m = tl.max(bs, 0)
-    idx = tl.min(tl.where(bs == m, bi, _INT_MAX), 0)
+    offs = lo + tl.arange(0, BLOCK)
+    mask = offs < V
+    p = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float64)
+    h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
+    u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
+    r = 1.0 / (-tl.log(u))
+    s = tl.where(greedy, p, r * p)
+    isn = mask & (s != s)
+    nan_i = tl.min(tl.where(isn, offs, _INT_MAX), 0)
+    sm = tl.where(mask & (s == s), s, float("-inf"))
+    m = tl.max(sm, 0)
+    idx = tl.min(tl.where(mask & (sm == m), offs, _INT_MAX), 0)
     has_nan = nan_i < _INT_MAX
     score = tl.where(has_nan, float("nan"), m)
     return score, tl.where(has_nan, nan_i, idx)
+
+
+@triton.jit
+def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
+    offs = lo + tl.arange(0, BLOCK)
+    if MASKED:
+        mask = offs < V
+        p = tl.load(row_ptr + offs, mask=mask, other=0.0)
+    else:
+        p = tl.load(row_ptr + offs)
+    if greedy:
+        s = p
+    else:
+        h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
+        s = p * _recip_f32(_neg_log2_u_f32(h, FAST), FAST)
+    if MASKED:
+        s = tl.where(mask, s, float("-inf"))
+    return p, s
 
 
 @triton.jit
@@ -211,9 +230,8 @@ def _stage1_kernel(
     col_base,
     NC,
     HAS_GREEDY: tl.constexpr,
-    CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
-    FAST_LOG: tl.constexpr,
+    FAST: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -223,65 +241,71 @@ def _stage1_kernel(
         greedy = tl.load(greedy_ptr + row) != 0
     else:
         greedy = False
-    lo = c * CHUNK
-    col0 = col_base + lo
-
-    best = tl.full([BLOCK], -1.0, tl.float32)
-    second = tl.full([BLOCK], -1.0, tl.float32)
-    bidx = tl.zeros([BLOCK], dtype=tl.int32)
-    pbits = tl.zeros([BLOCK], dtype=tl.uint32)
-    for t in range(0, CHUNK, BLOCK):
-        lane = tl.arange(0, BLOCK)
-        offs = lo + t + lane
-        mask = offs < V
-        p = tl.load(row_ptr + offs, mask=mask, other=0.0)
-        pbits = tl.maximum(pbits, p.to(tl.uint32, bitcast=True))
-        if greedy:
-            s = p
-        else:
-            h = _fmix32(_mix32(h_row, (col0 + t + lane).to(tl.uint32)))
-            s = p / _neg_log2_u_f32(h, FAST_LOG)
-        # second-best per lane (with multiplicity): catches two near-tied candidates in one lane.
-        second = tl.maximum(second, tl.minimum(s, best))
-        gt = s > best  # strict: a lane keeps its first index on float32 ties
-        best = tl.where(gt, s, best)
-        bidx = tl.where(gt, offs, bidx)
-
-    m = tl.max(best, 0)
-    pm = tl.max(pbits, 0)
-    sec = tl.max(second, 0)
-    thr = m * _CAND_REL
-    is_bad = pm >= _BAD_BITS
-    is_zero = pm == 0
-    is_low = m < _LOW_SCORE
-    rescan = is_bad | ((not is_zero) and (not is_low) and (sec >= thr))
+    lo = c * BLOCK
+    offs = lo + tl.arange(0, BLOCK)
+    valid = offs < V
+    # Only the last chunk of a row is partial: the others skip the masks.
+    if lo + BLOCK <= V:
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, False, BLOCK, FAST)
+    else:
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST)
+    # NaN-propagating maximum (a NaN probability makes m NaN)
+    if FAST:
+        m = tl.reduce(s, 0, _max_nan)  # one max.NaN per element
+    else:
+        # the interpreter runs custom combine functions element by element in Python: vectorise instead
+        m = tl.where(tl.max((s != s).to(tl.int32), 0) > 0, float("nan"), tl.max(s, 0))
 
     res_score = tl.zeros([], dtype=tl.float64)
     res_idx = lo
-    if rescan:
-        res_score, res_idx = _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, CHUNK, BLOCK)
-    elif is_zero:
-        # Every p is +0.0: every score is exactly 0, the first index wins; no float64 work (padded rows).
-        res_score = tl.zeros([], dtype=tl.float64)
-        res_idx = lo
-    elif is_low:
-        # Upper bound of every float64 score in the chunk: p_max * max(1/E) < p_max * 2**34 (greedy: p_max).
-        pmax = pm.to(tl.float32, bitcast=True).to(tl.float64)
-        res_score = tl.where(greedy, pmax, pmax * 17179869184.0)
+    if greedy:
+        # The score IS p (float32, exact comparisons): first index of the max, or of the first NaN.
+        first_nan = tl.min(tl.where(s != s, offs, _INT_MAX), 0)
+        first_max = tl.min(tl.where(s == m, offs, _INT_MAX), 0)
+        res_score = m.to(tl.float64)
+        res_idx = tl.where(m != m, first_nan, first_max)
+    elif (m >= _LOW_SCORE) & (m < float("inf")):
+        # Fast path.  Every element whose float64 score can reach the chunk's float64 maximum has
+        # s >= thr (bound in the module docstring); re-score those exactly, lowest index first.
+        cand = s >= m * _CAND_REL
+        n = tl.sum(cand.to(tl.int32), 0)
+        j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+        res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
+        res_idx = j
+        if n > 1:
+            rest = cand & (offs != j)
+            k = n - 1
+            while k > 0:
+                j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
+                rest = rest & (offs != j2)
+                k -= 1
+                s64 = _exact_score_scalar(row_ptr, j2, h_row, col_base)
+                # candidates come in increasing index order: strict > keeps the first index of a tie
+                if s64 > res_score:
+                    res_score = s64
+                    res_idx = j2
+    elif m == 0:
+        pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
+        if pmax == 0:
+            # Every p is +-0.0 or negative (padded rows, truncated tails): every best score is exactly
+            # (+-)0 and the first p == 0 wins; no float64 work.
+            res_score = tl.zeros([], dtype=tl.float64)
+            res_idx = tl.min(tl.where(valid & (p == 0.0), offs, _INT_MAX), 0)
+        elif pmax > 0:
+            # positive probabilities whose float32 scores underflowed: exact upper bound, resolve lazily
+            res_score = pmax.to(tl.float64) * 17179869184.0
+            res_idx = -1
+        else:
+            res_idx = -2  # only negative probabilities (one underflowed to -0.0): exact rescan
+    elif (m > 0) & (m < _LOW_SCORE):
+        # Every p below ~2**-77: float32 underflow / flush-to-zero could hide a subnormal winner.
+        # Exact upper bound of the chunk's float64 scores: p_max * max(1/E) < p_max * 2**34.
+        pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
+        res_score = pmax.to(tl.float64) * 17179869184.0
         res_idx = -1
     else:
-        cand = best >= thr
-        n = tl.sum(cand.to(tl.int32), 0)
-        res_score = tl.full([], -1.0, tl.float64)
-        while n > 0:
-            j = tl.min(tl.where(cand, bidx, _INT_MAX), 0)
-            cand = cand & (bidx != j)
-            n -= 1
-            s64 = _exact_score_scalar(row_ptr, j, h_row, col_base, greedy)
-            # candidates come in increasing index order: strict > keeps the first index of a tie
-            if s64 > res_score:
-                res_score = s64
-                res_idx = j
+        # NaN, +inf (or an overflowing p) or only negative probabilities: exact rescan in stage 2.
+        res_idx = -2
     out = row * NC + c
     tl.store(part_score_ptr + out, res_score)
     tl.store(part_idx_ptr + out, res_idx)
@@ -303,7 +327,6 @@ def _stage2_kernel(
     NC,
     HAS_GREEDY: tl.constexpr,
     NC_POW2: tl.constexpr,
-    CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -311,16 +334,16 @@ def _stage2_kernel(
     cidx = tl.arange(0, NC_POW2)
     valid = cidx < NC
     sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
-    ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-2)
+    ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3)
     resolved = valid & (ix >= 0)
-    isn = resolved & (sc != sc)
-    nan_idx = tl.min(tl.where(isn, ix, _INT_MAX), 0)
+    nan_idx = tl.min(tl.where(resolved & (sc != sc), ix, _INT_MAX), 0)  # greedy rows report NaN chunks
     ok = resolved & (sc == sc)
     m = tl.max(tl.where(ok, sc, float("-inf")), 0)
     best_idx = tl.min(tl.where(ok & (sc == m), ix, _INT_MAX), 0)
-    # Low chunks whose exact upper bound reaches the best resolved score must be rescanned.  This only
-    # happens when the whole row is below ~2**-77 (garbage or underflowed input), never for a softmax.
-    pend = valid & (ix < 0) & (sc >= m)
+    # Pending chunks, exact float64 rescan in chunk order: NaN/inf/negative maxima (-2), and low chunks
+    # (-1) whose exact upper bound reaches the best resolved score -- the latter only happens when the
+    # whole row is below ~2**-77 (garbage or underflowed input), never for a softmax output.
+    pend = (valid & (ix == -2)) | (valid & (ix == -1) & (sc >= m))
     n = tl.sum(pend.to(tl.int32), 0)
     if n > 0:
         h_row = _row_prefix(seed_ptr, pos_ptr, row)
@@ -332,8 +355,11 @@ def _stage2_kernel(
             c = tl.min(tl.where(pend, cidx, _INT_MAX), 0)
             pend = pend & (cidx != c)
             n -= 1
-            s, i = _exact_chunk(row_ptr, h_row, col_base, c * CHUNK, V, greedy, CHUNK, BLOCK)
-            if (s > m) | ((s == m) & (i < best_idx)):
+            s, i = _exact_chunk(row_ptr, h_row, col_base, c * BLOCK, V, greedy, BLOCK)
+            if s != s:
+                nan_idx = tl.minimum(nan_idx, i)
+                n = 0  # chunks come in index order: no later chunk can hold an earlier NaN
+            elif (s > m) | ((s == m) & (i < best_idx)):
                 m = s
                 best_idx = i
     idx = tl.where(nan_idx < _INT_MAX, nan_idx, best_idx)
@@ -341,14 +367,14 @@ def _stage2_kernel(
     tl.store(out_p_ptr + row, tl.load(row_ptr + idx))
 
 
-def launch_config(batch: int, vocab: int) -> Tuple[int, int, int]:
-    """(CHUNK, BLOCK, num_warps) for a compiled launch: enough programs to fill the GPU at small batch,
-    long chunks (fewer partials, amortised chunk epilogues) at large batch."""
-    if batch * vocab <= 4 * 163840:
-        return 2048, 1024, 4
-    if batch * vocab <= 32 * 163840:
-        return 4096, 1024, 4
-    return 8192, 1024, 4
+def launch_config(batch: int, vocab: int) -> Tuple[int, int]:
+    """(BLOCK, num_warps) for a compiled launch (one program per BLOCK columns of one row): enough
+    programs to fill the GPU at small batch, longer chunks (amortised epilogues) at large batch."""
+    if batch * vocab <= 2 * 163840:
+        return 1024, 4
+    if batch * vocab <= 16 * 163840:
+        return 2048, 4
+    return 4096, 8
 
 
 def _validate(probs, sampling_seed, positions, draft_step, greedy) -> None:
@@ -413,7 +439,7 @@ def seeded_draft_sample(
     *,
     greedy: Optional[torch.Tensor] = None,
     block_size: Optional[int] = None,
-    chunk_size: Optional[int] = None,
+    num_warps: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Seeded draft draw, bit-identical to SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=,
     positions=, draft_step=)``; returns ``(probs.gather(1, idx) [B, 1] float32, idx [B, 1] int64)``.
@@ -426,8 +452,9 @@ def seeded_draft_sample(
         draft_step: non-negative Python int with ``draft_step * V + V <= 2**32``.
         greedy: optional ``[B]`` bool; True rows return the first argmax of ``probs`` (upstream's
             ``top_ks <= 1`` override) instead of a random draw.
-        block_size / chunk_size: launch overrides (powers of two, ``chunk_size`` a multiple of
-            ``block_size``); the interpreter runs much faster with large blocks.
+        block_size / num_warps: launch overrides (``block_size``: columns per program, a power of two
+            >= 16; defaults from :func:`launch_config`); the interpreter runs much faster with large
+            blocks.
 
     Degenerate rows (same answer as upstream's ``torch.argmax``, so toggling the plugin never changes a
     token): an all-zero row returns token 0; a row containing NaN returns its first NaN index; +inf
@@ -442,19 +469,17 @@ def seeded_draft_sample(
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    chunk, block, num_warps = launch_config(B, V)
+    block, warps = launch_config(B, V)
     if INTERPRETED:
         # the interpreter executes each program in NumPy: fewer, wider programs are much faster
         block = max(1024, min(8192, triton.next_power_of_2(V)))
-        chunk = block
     if block_size is not None:
         block = int(block_size)
-        chunk = max(chunk, block) if chunk_size is None else chunk
-    if chunk_size is not None:
-        chunk = int(chunk_size)
-    if block & (block - 1) or chunk & (chunk - 1) or chunk % block or block < 16:
-        raise ValueError(f"block_size ({block}) and chunk_size ({chunk}) must be powers of two >= 16, chunk >= block")
-    nc = triton.cdiv(V, chunk)
+    if num_warps is not None:
+        warps = int(num_warps)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    nc = triton.cdiv(V, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)
     seeds = sampling_seed.reshape(-1)
@@ -463,14 +488,13 @@ def seeded_draft_sample(
         seeds, pos = seeds.contiguous(), pos.contiguous()
     g = greedy.reshape(-1).contiguous() if greedy is not None else seeds  # dummy pointer when absent
     col_base = int(draft_step) * V
-    fast_log = probs.device.type == "cuda" and not INTERPRETED
+    fast = probs.device.type == "cuda" and not INTERPRETED
     _stage1_kernel[(B, nc)](
         probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
-        HAS_GREEDY=greedy is not None, CHUNK=chunk, BLOCK=block, FAST_LOG=fast_log, num_warps=num_warps,
+        HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, num_warps=warps,
     )
     _stage2_kernel[(B,)](
         probs, probs.stride(0), seeds, pos, g, part_score, part_idx, out_p, out_idx, V, col_base, nc,
-        HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), CHUNK=chunk,
-        BLOCK=block, num_warps=4,
+        HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, num_warps=4,
     )
     return out_p, out_idx

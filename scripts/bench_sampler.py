@@ -1,0 +1,14 @@
+#!/usr/bin/env python3
+"""Sampler benchmark (thin wrapper): see sglang_detspec/benchmark.py.
+
+    python scripts/bench_sampler.py --out DIR [--quick]
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from sglang_detspec.benchmark import main  # noqa: E402
+
+if __name__ == "__main__":
+    raise SystemExit(main())

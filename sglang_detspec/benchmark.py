@@ -1,0 +1,346 @@
+"""Sampler benchmark: the fused seeded kernel vs SGLang 0.5.23's unfused seeded path vs the unseeded race.
+
+    python scripts/bench_sampler.py --out DIR [--quick]        (or: sglang-detspec bench ...)
+
+Needs a CUDA GPU; SGLang is not needed (both comparison paths are re-implemented here):
+
+* ``upstream_seeded``: SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=, positions=, draft_step=)``
+  step by step: a Triton MurmurHash3 kernel writing ``[B, V]`` uint32 (upstream's ``murmur_hash32``: one
+  program per (row, 1024 columns), 64-bit rotates), then ``.to(float64).add_(0.5).div_(2**32).log_()
+  .neg_().reciprocal_().mul_(probs)`` and ``argmax``.
+* ``unseeded``: the unseeded exponential race (``empty_like(probs).exponential_(); clamp_min_(tiny);
+  probs / q; argmax``; upstream uses its own ``row_argmax`` kernel, here ``torch.argmax``).
+* ``fused``: :func:`sglang_detspec.kernels.seeded_draft_sample`.
+
+Each method is captured in a CUDA graph (``--calls-per-graph`` calls back to back) and replayed; the
+median per-call time over the replays is reported, with the effective read bandwidth of ``probs``
+(``B*V*4`` bytes per call) as a percentage of the device-to-device copy bandwidth measured at start
+(read + write bytes of a 1 GiB ``copy_``), the peak extra memory of one eager call, and the ratios to
+the other two paths.  The fused kernel's tokens are compared with the upstream path's on the
+benchmark inputs (``mismatches`` column; must be 0).  Writes ``sampler_bench.csv`` and, if matplotlib
+is importable, ``sampler_bench.png`` to ``--out``.  The numbers include L2 residency effects (small
+``B*V`` fits in the 50 MB L2 across back-to-back calls), the same for all three methods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from . import keys
+
+VOCABS = (151936, 163840)
+BATCHES = (1, 8, 32, 128, 256)
+METHODS = ("fused", "upstream_seeded", "unseeded")
+# Bars from the project issue (H200): (batch, vocab) -> max microseconds; peak extra memory at B=128.
+BARS_US = {(128, 163840): 40.0, (1, 163840): 10.0}
+BAR_PEAK_MIB = {(128, 163840): 1.0}
+
+
+def _upstream_hash_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _rotl32(x, r: tl.constexpr):
+        x = x.to(tl.uint64)
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    @triton.jit
+    def _fmix32(h):
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        h ^= h >> 16
+        return h
+
+    @triton.jit
+    def _mix(h, k):
+        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
+        k = _rotl32(k, 15)
+        k = (k * 0x1B873593) & 0xFFFFFFFF
+        h ^= k
+        h = _rotl32(h, 13)
+        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
+        return h
+
+    @triton.jit
+    def murmur_hash32_kernel(seed_ptr, positions_ptr, col_indices_ptr, output_ptr, num_rows, num_cols,
+                             BLOCK_SIZE: tl.constexpr):
+        # A copy of sglang 0.5.23 kernels/ops/sampling/murmur_hash.py (same work per element).
+        row_idx = tl.program_id(0)
+        col_offsets = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+        mask = col_offsets < num_cols
+        seed = tl.load(seed_ptr + row_idx).to(tl.uint64)
+        pos = tl.load(positions_ptr + row_idx).to(tl.uint32)
+        col = tl.load(col_indices_ptr + col_offsets, mask=mask, other=0).to(tl.uint32)
+        h: tl.uint32 = 0
+        h = _mix(h, (seed & 0xFFFFFFFF).to(tl.uint32))
+        h = _mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
+        h = _mix(h, pos)
+        h = _mix(h, col)
+        h ^= 16
+        h = _fmix32(h)
+        tl.store(output_ptr + row_idx * num_cols + col_offsets, h, mask=mask)
+
+    return murmur_hash32_kernel
+
+
+_HASH_KERNEL = None
+
+
+def upstream_murmur_hash32(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
+    """Upstream's ``murmur_hash32`` on CUDA: ``[n, m]`` uint32."""
+    import triton
+
+    global _HASH_KERNEL
+    if _HASH_KERNEL is None:
+        _HASH_KERNEL = _upstream_hash_kernel()
+    n, m = seed.shape[0], col_indices.shape[0]
+    hashed = torch.empty((n, m), dtype=torch.uint32, device=seed.device)
+    _HASH_KERNEL[(n, triton.cdiv(m, 1024))](seed, positions, col_indices, hashed, n, m, BLOCK_SIZE=1024)
+    return hashed
+
+
+def upstream_seeded_fast_sample(probs, sampling_seed, positions, draft_step=0):
+    """SGLang 0.5.23 seeded ``fast_sample`` (num_samples=1), re-implemented op for op (CUDA only)."""
+    vocab_size = probs.shape[1]
+    col_offset = draft_step * vocab_size
+    salted_seed = sampling_seed + keys.DRAFT_SEED_SALT
+    col_indices = torch.arange(col_offset, col_offset + vocab_size, dtype=torch.int64, device=probs.device)
+    hashed = upstream_murmur_hash32(salted_seed.to(torch.uint64), positions.to(torch.uint64), col_indices)
+    scores = hashed.to(torch.float64)
+    del hashed
+    scores.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
+    scores.mul_(probs)
+    sample_index = scores.argmax(dim=-1, keepdim=True)
+    return probs.gather(1, sample_index), sample_index
+
+
+def unseeded_fast_sample(probs, sampling_seed=None, positions=None, draft_step=0):
+    """Upstream's unseeded exponential race (``torch.argmax`` in place of sglang's ``row_argmax``)."""
+    q = torch.empty_like(probs, dtype=torch.float32).exponential_(1.0)
+    q.clamp_min_(torch.finfo(torch.float32).tiny)
+    scores = probs.float() / q
+    sample_index = scores.argmax(dim=-1, keepdim=True)
+    return probs.gather(1, sample_index), sample_index
+
+
+def _fused(probs, sampling_seed, positions, draft_step=0):
+    from .kernels import seeded_draft_sample
+
+    return seeded_draft_sample(probs, sampling_seed, positions, draft_step)
+
+
+def method_fn(name: str) -> Callable:
+    return {"fused": _fused, "upstream_seeded": upstream_seeded_fast_sample, "unseeded": unseeded_fast_sample}[name]
+
+
+def copy_bandwidth_gbs(device, nbytes: int = 1 << 30, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting read + write bytes."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def peak_extra_mib(fn: Callable, args) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = fn(*args)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return peak / 2**20
+
+
+def graph_time_us(fn: Callable, args, calls_per_graph: int, replays: int) -> List[float]:
+    """Per-call microseconds of CUDA-graph replays (each replay runs ``calls_per_graph`` calls)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up: compile, autotune-free, allocator
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls_per_graph):
+            fn(*args)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        per_call.append(a.elapsed_time(b) * 1e3 / calls_per_graph)
+    del g
+    return per_call
+
+
+def make_inputs(batch: int, vocab: int, device, seed: int = 0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(batch, vocab, device=device, generator=gen) * 3.0
+    probs = torch.softmax(logits, dim=-1)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (batch,), device=device, dtype=torch.int64, generator=gen)
+    positions = torch.randint(0, 2**31 - 1, (batch,), device=device, dtype=torch.int64, generator=gen)
+    return probs, seeds, positions
+
+
+def run(out_dir: Path, quick: bool = False, calls_per_graph: int = 10, replays: Optional[int] = None,
+        vocabs=VOCABS, batches=BATCHES, log=print) -> List[Dict]:
+    if not torch.cuda.is_available():
+        raise RuntimeError("the sampler benchmark needs a CUDA GPU")
+    device = torch.device("cuda")
+    replays = replays or (20 if quick else 100)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bw = copy_bandwidth_gbs(device, nbytes=(1 << 28) if quick else (1 << 30))
+    log(f"device: {torch.cuda.get_device_name()}  copy bandwidth (read+write): {bw:.0f} GB/s")
+    log(f"{'V':>7} {'B':>4} {'method':<16} {'median_us':>10} {'%copyBW':>8} {'peakMiB':>9} "
+        f"{'x_up_seeded':>11} {'x_unseeded':>10} {'mismatch':>8}")
+    rows: List[Dict] = []
+    for vocab in vocabs:
+        for batch in batches:
+            probs, seeds, positions = make_inputs(batch, vocab, device)
+            args = (probs, seeds, positions, 1)
+            res = {}
+            for m in METHODS:
+                fn = method_fn(m)
+                t = graph_time_us(fn, args, calls_per_graph, replays)
+                res[m] = dict(median_us=statistics.median(t), p10_us=sorted(t)[len(t) // 10],
+                              p90_us=sorted(t)[(9 * len(t)) // 10], peak=peak_extra_mib(fn, args))
+            up_idx = upstream_seeded_fast_sample(*args)[1]
+            fu_idx = _fused(*args)[1]
+            mism = int((up_idx != fu_idx).sum())
+            for m in METHODS:
+                r = res[m]
+                gbs = batch * vocab * 4 / (r["median_us"] * 1e-6) / 1e9
+                row = dict(vocab=vocab, batch=batch, method=m, median_us=round(r["median_us"], 3),
+                           p10_us=round(r["p10_us"], 3), p90_us=round(r["p90_us"], 3),
+                           pct_copy_bw=round(100 * gbs / bw, 2), peak_extra_mib=round(r["peak"], 3),
+                           ratio_vs_upstream_seeded=round(r["median_us"] / res["upstream_seeded"]["median_us"], 4),
+                           ratio_vs_unseeded=round(r["median_us"] / res["unseeded"]["median_us"], 4),
+                           mismatches_vs_upstream=mism if m == "fused" else "")
+                rows.append(row)
+                log(f"{vocab:>7} {batch:>4} {m:<16} {row['median_us']:>10.2f} {row['pct_copy_bw']:>8.1f} "
+                    f"{row['peak_extra_mib']:>9.2f} {row['ratio_vs_upstream_seeded']:>11.3f} "
+                    f"{row['ratio_vs_unseeded']:>10.3f} {row['mismatches_vs_upstream']!s:>8}")
+                sys.stdout.flush()
+            del probs, seeds, positions
+            torch.cuda.empty_cache()
+    _write(out_dir, rows, bw, log)
+    return rows
+
+
+def check_bars(rows: List[Dict]) -> List[str]:
+    """Human-readable PASS/FAIL lines for the issue's bars (fused rows only)."""
+    out = []
+    for (b, v), lim in BARS_US.items():
+        for r in rows:
+            if r["method"] == "fused" and r["batch"] == b and r["vocab"] == v:
+                ok = r["median_us"] <= lim
+                out.append(f"{'PASS' if ok else 'FAIL'} fused B={b} V={v}: {r['median_us']:.2f} us <= {lim} us")
+    for (b, v), lim in BAR_PEAK_MIB.items():
+        for r in rows:
+            if r["method"] == "fused" and r["batch"] == b and r["vocab"] == v:
+                ok = r["peak_extra_mib"] <= lim
+                out.append(f"{'PASS' if ok else 'FAIL'} fused B={b} V={v}: peak extra {r['peak_extra_mib']:.3f} MiB <= {lim} MiB")
+    for r in rows:
+        if r["method"] == "fused" and r["mismatches_vs_upstream"] not in ("", 0):
+            out.append(f"FAIL fused B={r['batch']} V={r['vocab']}: {r['mismatches_vs_upstream']} token mismatches vs upstream")
+    return out
+
+
+def _write(out_dir: Path, rows: List[Dict], bw: float, log) -> None:
+    csv_path = out_dir / "sampler_bench.csv"
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    meta = dict(device=torch.cuda.get_device_name(), copy_bandwidth_gbs=round(bw, 1), torch=torch.__version__,
+                bars=check_bars(rows), time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except Exception:  # pragma: no cover
+        pass
+    (out_dir / "sampler_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    log(f"wrote {csv_path}")
+    for line in meta["bars"]:
+        log(line)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # matplotlib is an optional extra (pip install sglang-detspec[bench])
+        log(f"matplotlib is not importable ({type(e).__name__}: {e}); skipped the PNG plot, the CSV is complete")
+        return
+    vocabs = sorted({r["vocab"] for r in rows})
+    fig, axes = plt.subplots(1, len(vocabs), figsize=(6 * len(vocabs), 4.5), squeeze=False)
+    for ax, v in zip(axes[0], vocabs):
+        for m in METHODS:
+            pts = sorted((r["batch"], r["median_us"]) for r in rows if r["vocab"] == v and r["method"] == m)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("median us per call (CUDA-graph replay)")
+        ax.set_title(f"V = {v}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"seeded draft sampler, {torch.cuda.get_device_name()}")
+    fig.tight_layout()
+    png = out_dir / "sampler_bench.png"
+    fig.savefig(png, dpi=120)
+    log(f"wrote {png}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_sampler", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (CSV, JSON, PNG)")
+    ap.add_argument("--quick", action="store_true", help="fewer replays (about 20 s in total)")
+    ap.add_argument("--calls-per-graph", type=int, default=10)
+    ap.add_argument("--replays", type=int, default=None)
+    ap.add_argument("--vocab", type=int, nargs="*", default=list(VOCABS))
+    ap.add_argument("--batch", type=int, nargs="*", default=list(BATCHES))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_sampler: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
+              "(run scripts/run_gpu_checks.sh OUTDIR --only bench on a GPU machine)", file=sys.stderr)
+        return 2
+    rows = run(args.out, quick=args.quick, calls_per_graph=args.calls_per_graph, replays=args.replays,
+               vocabs=args.vocab, batches=args.batch)
+    return 1 if any(line.startswith("FAIL") for line in check_bars(rows)) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
