@@ -187,7 +187,8 @@ def read_field(server_args: Any, name: str, default: Any = _MISSING) -> Any:
 
 def has_field(server_args: Any, name: str) -> bool:
     """Whether this SGLang release's ServerArgs has a field called ``name``."""
-    return read_field(server_args, name, _MISSING) is not _MISSING
+    absent = object()
+    return read_field(server_args, name, absent) is not absent
 
 
 def write_fields(server_args: Any, source: str, **fields: Any) -> None:

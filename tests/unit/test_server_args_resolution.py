@@ -1,0 +1,264 @@
+"""DETSPEC server arguments go through SGLang's own resolution (0.5.17: ``ServerArgs.__post_init__``,
+0.5.23: ``resolve_once`` -> ``run_resolution_pipeline``), with the plugin's hook applied by ``load_plugin``.
+
+The model "checkpoints" are config.json files only: resolution reads the HF config, never weights. The device
+is given as ``cuda`` (this is how resolution runs without a GPU: nothing in it touches the device; with the
+device left unset SGLang itself refuses to resolve on a machine without an accelerator).
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from sglang_detspec.plugin import load_plugin
+
+load_plugin()
+
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+from sglang_detspec.integration import compat  # noqa: E402
+from sglang_detspec.integration import server_args as detspec_args  # noqa: E402
+from sglang_detspec.integration.algorithm import ResolutionHookInactive  # noqa: E402
+from sglang_detspec.integration.server_args import DetspecConfigError  # noqa: E402
+
+NAMES = ["DETSPEC_EAGLE", "DETSPEC_EAGLE3"]
+TWIN = {"DETSPEC_EAGLE": "EAGLE", "DETSPEC_EAGLE3": "EAGLE3"}
+VOCAB = 512
+
+_LLAMA = {
+    "model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "bos_token_id": 0, "eos_token_id": 1,
+}
+
+
+def _write(root, name, **overrides):
+    d = root / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**_LLAMA, **overrides}))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("detspec-configs")
+    return {
+        "target": _write(root, "target", architectures=["LlamaForCausalLM"]),
+        "eagle": _write(root, "eagle", architectures=["LlamaForCausalLMEagle"], num_hidden_layers=1),
+        "eagle3": _write(root, "eagle3", architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                         draft_vocab_size=VOCAB),
+        "eagle3_small_vocab": _write(root, "eagle3s", architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                                     draft_vocab_size=VOCAB // 16),
+        # An architecture whose SGLang model override switches multi-layer EAGLE on for the name "EAGLE".
+        "mimo": _write(root, "mimo", architectures=["MiMoV2ForCausalLM"], hybrid_layer_pattern=[0, 0]),
+        "gemma4_assistant": _write(root, "gemma4", architectures=["Gemma4AssistantForCausalLM"], num_hidden_layers=1),
+    }
+
+
+def resolve(**kwargs):
+    sa = ServerArgs(**kwargs)
+    resolve_once = getattr(sa, "resolve_once", None)  # 0.5.23; 0.5.17 resolved in __post_init__
+    if resolve_once is not None:
+        resolve_once()
+    return sa
+
+
+def field_names(sa):
+    if dataclasses.is_dataclass(sa):
+        return [f.name for f in dataclasses.fields(sa)]
+    from sglang.srt.arg_groups.arg_utils import record_fields
+
+    return [f.name for f in record_fields(type(sa))]
+
+
+def resolved(sa, *names):
+    return {n: compat.read_field(sa, n) for n in names}
+
+
+def base_args(models, name, **extra):
+    draft = models["eagle3"] if TWIN.get(name, name) == "EAGLE3" else models["eagle"]
+    kw = dict(model_path=models["target"], device="cuda", speculative_algorithm=name,
+              speculative_draft_model_path=draft, enable_deterministic_inference=True, random_seed=1234)
+    kw.update(extra)
+    return kw
+
+
+def test_hook_is_active():
+    assert detspec_args.resolution_hook_active()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_resolves_exactly_like_the_twin_plus_rejection_sampling(models, name):
+    """Every resolved field equals what SGLang resolves for the builtin twin, except the name and RS."""
+    shape = dict(speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    ours = resolve(**base_args(models, name, **shape))
+    twin = resolve(**base_args(models, TWIN[name], **shape))
+    a = {n: compat.read_field(ours, n) for n in field_names(ours)}
+    b = {n: compat.read_field(twin, n) for n in field_names(twin)}
+    diff = {n: (a[n], b[n]) for n in a if a[n] != b[n]}
+    assert diff == {
+        "speculative_algorithm": (name, TWIN[name]),
+        "speculative_use_rejection_sampling": (True, False),
+    }
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_defaults_rejection_sampling_and_eagle_family_settings(models, name):
+    sa = resolve(**base_args(models, name))
+    got = resolved(sa, "speculative_algorithm", "speculative_use_rejection_sampling", "speculative_eagle_topk",
+                   "speculative_num_steps", "speculative_num_draft_tokens", "enable_deterministic_inference",
+                   "sampling_backend", "max_running_requests", "enable_mixed_chunk", "speculative_draft_model_revision")
+    assert got == {
+        "speculative_algorithm": name,
+        "speculative_use_rejection_sampling": True,
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+        "enable_deterministic_inference": True,
+        "sampling_backend": "pytorch",          # SGLang's deterministic mode
+        "max_running_requests": 48,             # SGLang's EAGLE-family default
+        "enable_mixed_chunk": False,
+        "speculative_draft_model_revision": "main",
+    }
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        (dict(speculative_num_steps=5), (5, 6)),
+        (dict(speculative_num_draft_tokens=6), (5, 6)),
+        (dict(speculative_num_steps=1), (1, 2)),
+        (dict(speculative_num_steps=2, speculative_num_draft_tokens=7), (2, 3)),  # SGLang's own topk-1 fix-up
+        (dict(speculative_num_steps=4, speculative_eagle_topk=1), (4, 5)),
+    ],
+)
+def test_chain_length_defaults(models, given, expected):
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", **given))
+    assert (compat.read_field(sa, "speculative_num_steps"), compat.read_field(sa, "speculative_num_draft_tokens")) == expected
+    assert compat.read_field(sa, "speculative_eagle_topk") == 1
+
+
+def test_name_is_case_insensitive(models):
+    sa = resolve(**base_args(models, "detspec_eagle3"))
+    assert compat.read_field(sa, "speculative_algorithm") == "DETSPEC_EAGLE3"
+    assert compat.read_field(sa, "speculative_use_rejection_sampling") is True
+
+
+def test_rl_on_policy_target_implies_deterministic(models):
+    kw = base_args(models, "DETSPEC_EAGLE", enable_deterministic_inference=False)
+    try:
+        sa = resolve(rl_on_policy_target="fsdp", **kw)
+    except ValueError as exc:  # "fsdp" is not a valid target in this release
+        pytest.skip(f"rl_on_policy_target 'fsdp' not accepted here: {exc}")
+    assert compat.read_field(sa, "enable_deterministic_inference") is True
+    assert compat.read_field(sa, "speculative_algorithm") == "DETSPEC_EAGLE"
+
+
+def test_model_override_for_the_eagle_name_applies(models):
+    """SGLang switches MiMo-V2 to multi-layer EAGLE when the name is "EAGLE"; DETSPEC_EAGLE gets the same."""
+    kw = base_args(models, "DETSPEC_EAGLE", model_path=models["mimo"], attention_backend="triton")
+    assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
+    kw["speculative_algorithm"] = "EAGLE"
+    assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
+    kw["model_path"] = models["target"]
+    kw["speculative_algorithm"] = "DETSPEC_EAGLE"
+    assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is False
+
+
+def test_builtin_algorithms_are_untouched(models):
+    kw = base_args(models, "EAGLE", enable_deterministic_inference=False, speculative_num_steps=3,
+                   speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    assert resolved(resolve(**kw), "speculative_algorithm", "speculative_use_rejection_sampling") == {
+        "speculative_algorithm": "EAGLE", "speculative_use_rejection_sampling": False}
+    kw["speculative_use_rejection_sampling"] = True
+    assert resolved(resolve(**kw), "speculative_algorithm", "speculative_use_rejection_sampling") == {
+        "speculative_algorithm": "EAGLE", "speculative_use_rejection_sampling": True}
+
+
+def test_dummy_model_is_not_resolved_by_sglang_nor_by_us():
+    sa = resolve(model_path="dummy", speculative_algorithm="DETSPEC_EAGLE")
+    assert compat.read_field(sa, "speculative_algorithm") == "DETSPEC_EAGLE"
+    assert compat.read_field(sa, "speculative_use_rejection_sampling") is False
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusals: one per flag; each names the flag and the algorithm
+# --------------------------------------------------------------------------------------------------
+
+REFUSALS = [
+    # id, name, extra kwargs, text the message must contain, field that must exist in this release
+    ("no-deterministic", "DETSPEC_EAGLE", dict(enable_deterministic_inference=False),
+     "requires --enable-deterministic-inference", None),
+    ("topk", "DETSPEC_EAGLE", dict(speculative_eagle_topk=2, speculative_num_steps=3, speculative_num_draft_tokens=4),
+     "--speculative-eagle-topk 2", None),
+    ("device-cpu", "DETSPEC_EAGLE", dict(device="cpu"), "--device cpu", None),
+    ("adaptive", "DETSPEC_EAGLE", dict(speculative_adaptive=True), "--speculative-adaptive", None),
+    ("mixed-chunk", "DETSPEC_EAGLE", dict(enable_mixed_chunk=True), "--enable-mixed-chunk", None),
+    ("threshold-single", "DETSPEC_EAGLE", dict(speculative_accept_threshold_single=0.5),
+     "--speculative-accept-threshold-single 0.5", None),
+    ("threshold-acc", "DETSPEC_EAGLE3", dict(speculative_accept_threshold_acc=0.9),
+     "--speculative-accept-threshold-acc 0.9", None),
+    ("token-map", "DETSPEC_EAGLE", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
+     "--speculative-token-map", None),
+    ("block-verification", "DETSPEC_EAGLE", dict(speculative_use_block_verification=True),
+     "--speculative-use-block-verification", "speculative_use_block_verification"),
+    ("watermark", "DETSPEC_EAGLE", dict(enable_watermark=True), "--enable-watermark", "enable_watermark"),
+    ("aux-hidden-states", "DETSPEC_EAGLE3", dict(enable_return_aux_hidden_states=True),
+     "--enable-return-aux-hidden-states", "enable_return_aux_hidden_states"),
+    ("input-scattered-eagle3", "DETSPEC_EAGLE3", dict(enable_attn_tp_input_scattered=True),
+     "--enable-attn-tp-input-scattered", None),
+    ("no-draft", "DETSPEC_EAGLE", dict(speculative_draft_model_path=None), "--speculative-draft-model-path", None),
+]
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=[c[0] for c in REFUSALS])
+def test_refusal(models, case):
+    _id, name, extra, text, needs_field = case
+    if needs_field is not None and not compat.has_field(ServerArgs(model_path="dummy"), needs_field):
+        pytest.skip(f"this SGLang release has no {needs_field} field")
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, name, **extra))
+    assert isinstance(info.value, ValueError)
+    msg = str(info.value)
+    assert text in msg and name in msg, msg
+
+
+def test_refuses_reduced_eagle3_draft_vocab(models):
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
+    msg = str(info.value)
+    assert f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg and "DETSPEC_EAGLE3" in msg
+
+
+def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE", speculative_draft_model_path=models["gemma4_assistant"]))
+    assert "FROZEN_KV_MTP" in str(info.value) and "--speculative-algorithm EAGLE" in str(info.value)
+
+
+def test_refuses_rocm(models, monkeypatch):
+    monkeypatch.setattr(compat, "torch_is_rocm", lambda: True)
+    with pytest.raises(DetspecConfigError, match="ROCm"):
+        resolve(**base_args(models, "DETSPEC_EAGLE"))
+
+
+def test_refuses_out_of_tree_platform(models, monkeypatch):
+    monkeypatch.setattr(compat, "platform_is_out_of_tree", lambda: True)
+    with pytest.raises(DetspecConfigError, match="out-of-tree"):
+        resolve(**base_args(models, "DETSPEC_EAGLE"))
+
+
+def test_check_draft_vocab_for_worker_init():
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB)
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", None, VOCAB)
+    with pytest.raises(DetspecConfigError, match="32000 tokens"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)
+
+
+def test_without_the_hook_sglang_refuses_loudly(models, monkeypatch):
+    """If the resolution hook is bypassed, SGLang's custom-algorithm handler reaches our guard."""
+    monkeypatch.setattr(detspec_args, "requested_detspec_algorithm", lambda sa: None)
+    with pytest.raises(ResolutionHookInactive, match="resolution hook is not active"):
+        resolve(**base_args(models, "DETSPEC_EAGLE"))
