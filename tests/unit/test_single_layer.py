@@ -102,9 +102,9 @@ def recorder(monkeypatch):
 class FakeDraftRunner:
     """The draft ModelRunner, reduced to a logits table lookup."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, device="cpu"):
         g = torch.Generator().manual_seed(seed)
-        self.table = torch.randn(V, V, generator=g) * 3
+        self.table = (torch.randn(V, V, generator=g) * 3).to(device)
         self.model_config = SimpleNamespace(
             hf_config=SimpleNamespace(architectures=["LlamaForCausalLMEagle"]),
             model_is_mrope=False,
@@ -117,13 +117,13 @@ class FakeDraftRunner:
         ids = forward_batch.input_ids.to(torch.int64)
         self.forward_inputs.append(ids.clone())
         logits = self.table[ids]
-        hidden = torch.zeros(ids.shape[0], HIDDEN)
+        hidden = torch.zeros(ids.shape[0], HIDDEN, device=ids.device)
         return SimpleNamespace(
             logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden)
         )
 
 
-def make_worker(num_steps=4):
+def make_worker(num_steps=4, device="cpu"):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     w = object.__new__(sl.DetspecEagleDraftWorker)
@@ -131,14 +131,14 @@ def make_worker(num_steps=4):
     w.speculative_num_steps = num_steps
     w.speculative_num_draft_tokens = num_steps + 1
     w.hot_token_id = None
-    w._topk1_parents_prealloc = torch.zeros((64, num_steps), dtype=torch.int64)
-    w._topk1_score_indices_prealloc = torch.zeros((64, num_steps + 1), dtype=torch.int64)
+    w._topk1_parents_prealloc = torch.zeros((64, num_steps), dtype=torch.int64, device=device)
+    w._topk1_score_indices_prealloc = torch.zeros((64, num_steps + 1), dtype=torch.int64, device=device)
     w.index_share_for_mtp_iteration = False
     w.seed_dsa_topk_from_draft_extend = False
-    w.draft_runner = FakeDraftRunner()
+    w.draft_runner = FakeDraftRunner(device=device)
     w.draft_attn_backend = SimpleNamespace(attn_backends=[None] * num_steps)
     w.speculative_algorithm = SpeculativeAlgorithm.EAGLE
-    w.device = "cpu"
+    w.device = device
     w.plan_stream = None
     w.plan_stream_ctx = contextlib.nullcontext()
     w.cuda_graph_runner = None
@@ -147,50 +147,50 @@ def make_worker(num_steps=4):
     return w
 
 
-def sampling_info(seeds, top_ks, temperatures=None):
+def sampling_info(seeds, top_ks, temperatures=None, device="cpu"):
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     bs = len(seeds)
-    top_ks_t = torch.tensor(top_ks, dtype=torch.int32)
+    top_ks_t = torch.tensor(top_ks, dtype=torch.int32, device=device)
     return SamplingBatchInfo(
         temperatures=(
-            torch.tensor(temperatures, dtype=torch.float32).view(-1, 1)
+            torch.tensor(temperatures, dtype=torch.float32, device=device).view(-1, 1)
             if temperatures is not None
-            else torch.ones(bs, 1)
+            else torch.ones(bs, 1, device=device)
         ),
-        top_ps=torch.ones(bs),
+        top_ps=torch.ones(bs, device=device),
         top_ks=top_ks_t,
-        min_ps=torch.zeros(bs),
+        min_ps=torch.zeros(bs, device=device),
         is_all_greedy=bool((top_ks_t <= 1).all()),
         is_any_greedy=bool((top_ks_t <= 1).any()),
         need_top_p_sampling=False,
         need_top_k_sampling=bool(((top_ks_t > 1) & (top_ks_t < TOP_K_ALL)).any()),
         need_min_p_sampling=False,
         vocab_size=V,
-        sampling_seed=torch.tensor(seeds, dtype=torch.int64),
+        sampling_seed=torch.tensor(seeds, dtype=torch.int64, device=device),
     )
 
 
-def decode_forward_batch(si, seq_lens, first_tokens, num_steps=4):
+def decode_forward_batch(si, seq_lens, first_tokens, num_steps=4, device="cpu"):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     bs = len(seq_lens)
-    first = torch.tensor(first_tokens, dtype=torch.int64).view(-1, 1)
-    q0 = torch.full((bs, V), 1.0 / V)
+    first = torch.tensor(first_tokens, dtype=torch.int64, device=device).view(-1, 1)
+    q0 = torch.full((bs, V), 1.0 / V, device=device)
     spec_info = EagleDraftInput(
         topk_p=q0.gather(1, first),
         topk_index=first,
         draft_probs=q0,
-        hidden_states=torch.zeros(bs, HIDDEN),
+        hidden_states=torch.zeros(bs, HIDDEN, device=device),
     )
     return SimpleNamespace(
         forward_mode=ForwardMode.DECODE,
         batch_size=bs,
         spec_info=spec_info,
         sampling_info=si,
-        positions=torch.tensor(seq_lens, dtype=torch.int64),
-        out_cache_loc=torch.arange(bs * num_steps, dtype=torch.int64),
+        positions=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+        out_cache_loc=torch.arange(bs * num_steps, dtype=torch.int64, device=device),
         input_ids=None,
         moe_num_token_non_padded=None,
         mrope_positions=None,
@@ -419,7 +419,7 @@ class RerunBackend:
         return shape_key in self.graphs
 
 
-def make_runner(worker, capture_bs, num_steps):
+def make_runner(worker, capture_bs, num_steps, device="cpu", backend=None):
     import dataclasses as dc
 
     from sglang.srt.speculative import eagle_draft_cuda_graph_runner as edr
@@ -428,7 +428,7 @@ def make_runner(worker, capture_bs, num_steps):
     r = object.__new__(sl.DetspecEAGLEDraftCudaGraphRunner)
     r.eagle_worker = worker
     r.model_runner = SimpleNamespace(
-        device="cpu",
+        device=device,
         spec_algorithm=SpeculativeAlgorithm.EAGLE,
         model_config=SimpleNamespace(vocab_size=V, model_is_mrope=False),
         is_draft_worker=False,  # skips flashinfer autotune
@@ -442,7 +442,7 @@ def make_runner(worker, capture_bs, num_steps):
         init_forward_metadata_out_graph=lambda fb, in_capture=False: None,
     )
     r.deepep_adapter = SimpleNamespace(capture=lambda **k: None, replay=lambda: None)
-    r.backend = RerunBackend()
+    r.backend = backend if backend is not None else RerunBackend()
     r.model_context = contextlib.nullcontext
     r.speculative_num_steps = num_steps
     r.topk = 1
@@ -455,8 +455,8 @@ def make_runner(worker, capture_bs, num_steps):
     r.seq_len_fill_value = 1
     r.extend_seq_lens_cpu = [1] * r.max_bs
     mb = r.max_bs
-    r.temperatures = torch.ones((mb, 1))
-    r.top_ks = torch.full((mb,), TOP_K_ALL, dtype=torch.int32)  # read by 0.5.23 only
+    r.temperatures = torch.ones((mb, 1), device=device)
+    r.top_ks = torch.full((mb,), TOP_K_ALL, dtype=torch.int32, device=device)  # 0.5.23 only
     values = dict(
         input_ids=torch.zeros(mb, dtype=torch.int64),
         req_pool_indices=torch.zeros(mb, dtype=torch.int64),
@@ -479,20 +479,21 @@ def make_runner(worker, capture_bs, num_steps):
         sampling_seed=torch.zeros(mb, dtype=torch.int64),
     )
     names = {f.name for f in dc.fields(edr.EagleDraftInputBuffers)}
+    values = {k: (v.to(device) if k != "seq_lens_cpu" and v is not None else v) for k, v in values.items()}
     r.buffers = edr.EagleDraftInputBuffers(**{k: v for k, v in values.items() if k in names})
     for bs in sorted(capture_bs, reverse=True):
         r.capture_one_shape(bs, None)
     return r
 
 
-def replay_batch(si, seq_lens, first_tokens, num_steps):
+def replay_batch(si, seq_lens, first_tokens, num_steps, device="cpu"):
     """A live decode ForwardBatch as the worker hands it to runner.execute."""
-    fb = decode_forward_batch(si, seq_lens, first_tokens, num_steps)
+    fb = decode_forward_batch(si, seq_lens, first_tokens, num_steps, device)
     bs = len(seq_lens)
-    fb.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
-    fb.seq_lens_cpu = fb.seq_lens.clone()
+    fb.seq_lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+    fb.seq_lens_cpu = torch.tensor(seq_lens, dtype=torch.int64)
     fb.seq_lens_sum = int(sum(seq_lens))
-    fb.req_pool_indices = torch.arange(bs, dtype=torch.int64)
+    fb.req_pool_indices = torch.arange(bs, dtype=torch.int64, device=device)
     fb.rids_int = None
     fb.bootstrap_room_ids_int = None
     fb.spec_info.dsa_topk_indices = None
