@@ -599,3 +599,62 @@ def test_empty_batch_draws_nothing_and_needs_no_seed(recorder):
 def test_stand_in_outside_a_known_site_refuses():
     with pytest.raises(RuntimeError, match="outside a known draft site"):
         sl._detspec_sample_draft_proposal(torch.zeros(1, V), torch.ones(1, 1))
+
+
+# ---------------------------------------------------------------------------
+# Construction: DETSPEC builds its draft worker, builtin EAGLE keeps upstream's
+# ---------------------------------------------------------------------------
+
+
+def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkeypatch):
+    import inspect
+
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
+
+    built = []
+
+    def fake_draft_init(self, *args, **kwargs):  # the real one loads a model on a GPU
+        built.append(type(self))
+        self.parallel_layout = None
+
+    monkeypatch.setattr(EagleDraftWorker, "__init__", fake_draft_init)
+    params = inspect.signature(EAGLEWorkerV2.__init__).parameters
+    server_args = SimpleNamespace(
+        speculative_eagle_topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        device="cpu",
+        page_size=1,
+        speculative_algorithm="EAGLE",
+        speculative_adaptive=False,
+    )
+    kwargs = dict(server_args=server_args, gpu_id=0, nccl_port=0, target_worker=None)
+    if "ps" in params:  # 0.5.17 passes the ParallelState explicitly
+        kwargs["ps"] = None
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(published(speculative_num_steps=3, speculative_num_draft_tokens=4, device="cpu"))
+        if "ps" not in params:  # 0.5.23 reads the pipeline rank from the runtime context
+            stack.enter_context(get_parallel().override(pp_group=SimpleNamespace(is_last_rank=True)))
+        detspec = sl.DetspecEAGLEWorkerV2(**kwargs)
+        builtin = EAGLEWorkerV2(**kwargs)
+    assert type(detspec._draft_worker) is sl.DetspecEagleDraftWorker
+    assert type(builtin._draft_worker) is EagleDraftWorker
+    assert built == [sl.DetspecEagleDraftWorker, EagleDraftWorker]
+    assert isinstance(detspec, EAGLEWorkerV2)
+
+
+def test_capture_builds_the_detspec_draft_graph_runner():
+    """_capture_cuda_graphs (skipped on CPU) resolves the runner class to ours, only ours."""
+    from sglang.srt.speculative import eagle_worker_v2
+
+    rebound = sl._upstream(eagle_worker_v2.EagleDraftWorker, "_capture_cuda_graphs")
+    assert rebound.__code__ is eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs.__code__
+    assert rebound.__globals__["EAGLEDraftCudaGraphRunner"] is sl.DetspecEAGLEDraftCudaGraphRunner
+    # The draft-extend runner keeps upstream's class (it returns logits only).
+    assert (
+        rebound.__globals__["EAGLEDraftExtendCudaGraphRunner"]
+        is eagle_worker_v2.EAGLEDraftExtendCudaGraphRunner
+    )
+    assert eagle_worker_v2.EAGLEDraftCudaGraphRunner is not sl.DetspecEAGLEDraftCudaGraphRunner
+    assert issubclass(sl.DetspecEAGLEDraftCudaGraphRunner, eagle_worker_v2.EAGLEDraftCudaGraphRunner)
