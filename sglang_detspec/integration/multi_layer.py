@@ -81,6 +81,7 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
     MultiLayerEagleWorkerV2,
 )
 
+from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
 
 __all__ = [
@@ -149,28 +150,16 @@ def decode_draft_softmax(
     return wide_row_softmax_triton(logits, temperatures, out)
 
 
-def _upstream_sampling_softmax() -> Optional[Callable]:
-    try:  # sglang >= 0.5.23: the softmax sample_draft_proposal uses.
-        from sglang.kernels.ops.sampling import softmax
-    except ImportError:  # sglang 0.5.17: torch.softmax(logits / T).
-        return None
-    return softmax
-
-
 def prefill_draft_softmax(
     logits: torch.Tensor, temperatures: torch.Tensor
 ) -> torch.Tensor:
-    """q for the prefill proposal: upstream ``sample_draft_proposal``'s softmax.
+    """q for the prefill proposal: this release's ``sample_draft_proposal`` softmax.
 
-    The prefill site is eager in every configuration, so it keeps 0.5.23's
-    numerics (``sglang.kernels.ops.sampling.softmax``: logits / T, then the
-    Cake kernel on sm103 or ``torch.softmax``).  0.5.17 lacks that module; its
-    ``torch.softmax(logits / T)`` is the same computation off sm103.
+    The prefill site is eager in every configuration, so it keeps upstream's
+    numerics (``compat.draft_proposal_probs``: 0.5.23's ``sampling_softmax``,
+    0.5.17's ``torch.softmax(logits / T)``) and stays bit-identical to 0.5.23.
     """
-    softmax = _upstream_sampling_softmax()
-    if softmax is not None:
-        return softmax(logits, temperatures=temperatures)
-    return torch.softmax(logits / temperatures, dim=-1)
+    return _compat.draft_proposal_probs(logits, temperatures)
 
 
 # --------------------------------------------------------------------------
