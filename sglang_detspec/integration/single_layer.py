@@ -444,4 +444,24 @@ class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
     """
 
     def __init__(self, *args, **kwargs):
+        _refuse_global_rng_verify_paths()
         _upstream(EAGLEWorkerV2, "__init__")(self, *args, **kwargs)
+
+
+def _refuse_global_rng_verify_paths() -> None:
+    """Refuse, at worker construction, verify paths that still draw from the global RNG.
+
+    ``SGLANG_SIMULATE_ACC_LEN`` (a benchmarking knob read at import into
+    ``spec_utils.SIMULATE_ACC_LEN``) makes ``eagle_sample`` overwrite the
+    accept decisions with ``torch.multinomial`` / NumPy draws on both 0.5.17
+    and 0.5.23; nothing seeds them, so outputs would again depend on batch
+    composition.
+    """
+    simulate = getattr(_spec_utils, "SIMULATE_ACC_LEN", -1)
+    if simulate is not None and simulate > 0 and _deterministic_inference_enabled():
+        raise ValueError(
+            "DETSPEC speculative decoding is reproducible per seed only without "
+            f"SGLANG_SIMULATE_ACC_LEN (set to {simulate}): simulated acceptance draws "
+            "from the global RNG. Unset it, or use --speculative-algorithm EAGLE for "
+            "acceptance-length simulations."
+        )

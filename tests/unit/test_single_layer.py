@@ -658,3 +658,11 @@ def test_capture_builds_the_detspec_draft_graph_runner():
     )
     assert eagle_worker_v2.EAGLEDraftCudaGraphRunner is not sl.DetspecEAGLEDraftCudaGraphRunner
     assert issubclass(sl.DetspecEAGLEDraftCudaGraphRunner, eagle_worker_v2.EAGLEDraftCudaGraphRunner)
+
+
+def test_simulated_acceptance_is_refused_under_deterministic_mode(monkeypatch):
+    from sglang.srt.speculative import spec_utils
+
+    monkeypatch.setattr(spec_utils, "SIMULATE_ACC_LEN", 3.0)
+    with published(), pytest.raises(ValueError, match="SGLANG_SIMULATE_ACC_LEN"):
+        sl.DetspecEAGLEWorkerV2(server_args=None, gpu_id=0, nccl_port=0, target_worker=None)
