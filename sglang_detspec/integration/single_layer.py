@@ -38,6 +38,32 @@ persistent buffers, so a replay reads the refreshed values.
 The private globals are snapshotted lazily on first use (after every plugin
 and ``HookRegistry`` patch of the scheduler process has been applied), and
 only ever shadow the few names above.
+
+What is overridden (same on 0.5.17 and 0.5.23 unless stated)
+------------------------------------------------------------
+* ``EAGLEWorkerV2.__init__``: upstream body, ``EagleDraftWorker`` ->
+  :class:`DetspecEagleDraftWorker`; refuses ``SGLANG_SIMULATE_ACC_LEN`` first.
+* ``EagleDraftWorker.draft_forward`` / ``_draft_extend_for_prefill`` /
+  ``_draft_extend_for_decode``: upstream bodies inside a site context,
+  ``fast_sample`` / ``sample_draft_proposal`` -> DETSPEC stand-ins. 0.5.23
+  passes seed / position / step itself (used as given); 0.5.17 passes none
+  (taken from the site). ``draft_forward`` also points a 0.5.17 capture's
+  ``SamplingBatchInfo`` at the runner's seed / top-k buffers.
+* ``EagleDraftWorker._capture_cuda_graphs``: upstream body,
+  ``EAGLEDraftCudaGraphRunner`` -> :class:`DetspecEAGLEDraftCudaGraphRunner`.
+* ``EAGLEDraftCudaGraphRunner.capture_one_shape`` / ``execute``: allocate,
+  capture and refresh seed / top-k buffers; a no-op on 0.5.23, whose runner
+  already owns them.
+* Not overridden: verify. Under deterministic inference every batch carries
+  ``sampling_seed``, and both releases' ``_verify_coins`` then use the
+  (identical) ``_seeded_verify_coins`` instead of ``torch.rand``; the
+  rejection kernel itself draws nothing. The draft-extend graph runner returns
+  logits only; the worker-side sampling above covers it.
+
+Deliberate difference from 0.5.23: the prefill draft-extend proposes the
+argmax for greedy rows (upstream draws them), so greedy requests in sampled
+batches keep their acceptance rate; their committed tokens are unchanged
+(verify renormalises a greedy row's target to one-hot).
 """
 
 from __future__ import annotations
@@ -99,7 +125,7 @@ class DraftSite:
 
     ``sampling_info`` supplies per-row seeds and top_ks; ``positions`` returns
     the key positions *at call time* (draft-decode reads the live, in-place
-    advanced ``forward_batch.positions``); ``next_step`` numbers the calls of
+    advanced ``forward_batch.positions``); ``next_draft_step`` numbers the calls of
     one draft-decode loop.
     """
 
