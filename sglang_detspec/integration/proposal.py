@@ -84,6 +84,14 @@ def seeded_draft_proposal(
         from sglang_detspec.kernels import seeded_draft_sample
     else:
         from sglang_detspec.reference import seeded_draft_sample
+    if probs.dtype in (torch.float16, torch.bfloat16):
+        # The samplers take float32. Up-casting a half-precision q is exact, so
+        # the race (float64 scores either way) picks the same token upstream
+        # would; q(X) is still gathered from the q verify will see.
+        _, topk_index = seeded_draft_sample(
+            probs.float(), sampling_seed, positions, int(draft_step), greedy=greedy
+        )
+        return probs.gather(1, topk_index), topk_index
     return seeded_draft_sample(
         probs, sampling_seed, positions, int(draft_step), greedy=greedy
     )

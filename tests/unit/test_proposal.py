@@ -132,3 +132,12 @@ def test_cuda_tensors_use_the_kernel_and_match_the_reference(monkeypatch):
     want_p, want_idx = proposal.seeded_draft_proposal(probs, seeds, positions, 2, top_ks=top_ks)
     assert torch.equal(idx.cpu(), want_idx)
     assert torch.equal(p.cpu(), want_p)
+
+
+def test_half_precision_q_draws_like_its_exact_float32_upcast():
+    probs, seeds, positions = _inputs(bs=4, vocab=200, seed=6)
+    q16 = probs.to(torch.bfloat16)
+    p, idx = proposal.seeded_draft_proposal(q16, seeds, positions, 1)
+    _, want = reference.seeded_draft_sample(q16.float(), seeds, positions, 1)
+    assert torch.equal(idx, want)
+    assert p.dtype == torch.bfloat16 and torch.equal(p, q16.gather(1, idx))
