@@ -49,28 +49,40 @@ def _assert_full_length(probes):
         assert p.get("output_ids") is None or len(p["output_ids"]) == h.PROBE_MAX_NEW_TOKENS
 
 
+# Module-scoped (not class-method) fixtures: one server and one set of trials shared by the class.
+@pytest.fixture(scope="module")
+def eagle_graph_srv(e2e_pool):
+    return e2e_pool.ready("detspec_eagle_graph")
+
+
+@pytest.fixture(scope="module")
+def eagle_graph_trials(eagle_graph_srv):
+    name = "detspec_eagle_graph"
+    probes = h.changing_batch_trials(eagle_graph_srv.base_url, seed=SEED, n_trials=N_TRIALS)
+    s = h.summarize_trials(probes)
+    try:
+        info = h.get_json(eagle_graph_srv.base_url, "/get_server_info")
+        states = info.get("internal_states") or [{}]
+        s["server_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
+    except Exception as e:  # informational only
+        s["server_avg_spec_accept_length"] = f"unavailable: {e}"
+    h.record(name, s)
+    print(f"{name}: {s['unique_outputs']} unique outputs in {s['trials']} trials, "
+          f"mean accept length {s['mean_accept_length']}")
+    return probes, s
+
+
 @pytest.mark.e2e_server("detspec_eagle_graph")
 class TestDetspecEagleCudaGraph:
     NAME = "detspec_eagle_graph"
 
-    @pytest.fixture(scope="class")
-    def srv(self, e2e_pool):
-        return e2e_pool.ready(self.NAME)
+    @pytest.fixture
+    def srv(self, eagle_graph_srv):
+        return eagle_graph_srv
 
-    @pytest.fixture(scope="class")
-    def trials(self, srv):
-        probes = h.changing_batch_trials(srv.base_url, seed=SEED, n_trials=N_TRIALS)
-        s = h.summarize_trials(probes)
-        try:
-            info = h.get_json(srv.base_url, "/get_server_info")
-            states = info.get("internal_states") or [{}]
-            s["server_avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")
-        except Exception as e:  # informational only
-            s["server_avg_spec_accept_length"] = f"unavailable: {e}"
-        h.record(self.NAME, s)
-        print(f"{self.NAME}: {s['unique_outputs']} unique outputs in {s['trials']} trials, "
-              f"mean accept length {s['mean_accept_length']}")
-        return probes, s
+    @pytest.fixture
+    def trials(self, eagle_graph_trials):
+        return eagle_graph_trials
 
     def test_1_same_seed_one_output_under_changing_batches(self, trials):
         probes, s = trials
