@@ -4,70 +4,70 @@ What it computes (bit-for-bit): for every row the FIRST index of the maximum of 
 ``p_t / -log((h_t + 0.5) / 2**32)``, ``h_t`` the MurmurHash3 of the salted draft key (layout and
 reasons in :mod:`sglang_detspec.keys`), then ``(probs.gather(1, idx), idx)``.  Upstream materialises
 ``[B, V]`` uint32 hashes and ``[B, V]`` float64 scores (12 bytes per element, 241 MiB at B=128,
-V=163840); this kernel reads ``probs`` once and allocates ``O(B * V / CHUNK)`` bytes.
+V=163840); this kernel reads ``probs`` once and allocates ``O(B * V / BLOCK)`` bytes.
 
 Design
 ------
-Stage 1, grid ``(B, cdiv(V, CHUNK))``: each program owns one chunk of one row.
+Stage 1, grid ``(B, cdiv(V, BLOCK))``: each program owns one BLOCK-column chunk of one row (one tile,
+no loop: every element stays in registers for the epilogue).
   * The first three Murmur words (salted seed low/high, position) are row constants: their partial
     hash is computed once per program; per element only the column word and the finalizer are mixed.
-  * A float32 race finds candidates: ``s32 = p / E2`` with ``E2 ~ -log2(u)`` (any positive scale of the
-    score gives the same argmax).  Each lane keeps its best score, its index and its second-best score;
-    the chunk also keeps the max of the raw float32 bit patterns of ``p`` (classifies the chunk below).
-  * Every candidate the float32 error bound cannot exclude (lane best ``>= m32 * (1 - 2**-12)``) is
-    re-scored exactly in float64 with upstream's operation order, one scalar at a time in increasing
-    index order (strict ``>`` keeps the first index of an exact tie).  Typically one candidate.
+  * A float32 race finds candidates: ``s32 = p * (1 / E2)`` with ``E2 ~ -log2(u)`` (a positive rescaling
+    of every score leaves the argmax unchanged), then the chunk maximum ``m32`` (NaN-propagating).
+  * Every element the float32 error bound cannot exclude (``s32 >= m32 * (1 - 2**-11)``) is re-scored
+    exactly in float64 with upstream's operation order, one scalar at a time in increasing index
+    order (strict ``>`` keeps the first index of an exact tie).  Typically exactly one candidate.
   * Rare chunk kinds, each handled exactly:
-      - any ``p`` that is NaN, +-inf, negative, -0.0 or >= 2**90 ("bad"): the chunk is rescanned
-        element-wise in float64 with ``torch.argmax`` semantics (NaN is the maximum, first index wins);
-      - a lane whose SECOND-best score reaches the threshold (two near-tied candidates in one lane):
-        float64 rescan of the chunk;
-      - all ``p == +0.0`` (padded rows in CUDA graphs, truncated tails): score 0 at the chunk's first
-        index, without any float64 work;
-      - ``m32 < 2**-80`` ("low": every p below about 2**-77, where float32 underflow/FTZ could hide a
-        subnormal winner): not resolved here; the chunk reports an exact upper bound of its scores.
+      - all ``p`` equal to +-0.0 (or negative): score 0 at the first ``p == 0``, no float64 work --
+        padded rows in CUDA graphs and top-k-truncated tails cost the same as ordinary chunks;
+      - ``0 < m32 < 2**-80`` (every p below ~2**-77, where float32 underflow / flush-to-zero could hide
+        a subnormal winner), or ``m32 == 0`` with a positive ``p``: not resolved here; the chunk
+        reports an exact upper bound of its float64 scores (``p_max * 2**34``);
+      - ``m32`` NaN, +inf or negative (a NaN, an infinite or overflowing ``p``, only negative ``p``):
+        flagged for an exact float64 rescan with ``torch.argmax`` semantics (NaN is the maximum).
+  * Greedy rows (``greedy[r]``): the score is ``p`` itself, compared exactly in float32 (first index of
+    the maximum, or of the first NaN); never rescanned.
 Stage 2, grid ``(B,)``: reduces the per-chunk ``(float64 score, index)`` pairs to the row's first-index
-maximum (a NaN chunk wins), rescans in float64 only those "low" chunks whose upper bound reaches the
-best resolved score (never, unless the entire row is below ~2**-77), and writes ``idx`` and
-``probs[row, idx]``.
+maximum, rescans in float64 the flagged chunks and those low chunks whose upper bound reaches the best
+resolved score (never, unless the whole row is below ~2**-77 or holds NaN/inf/negative entries), and
+writes ``idx`` and ``probs[row, idx]``.
 
 Why the float32 filter is exact (the bound)
 -------------------------------------------
 Write ``s`` for the true real-number score ``p / E`` (``E = -ln u``), ``s64`` for upstream's float64 value
-and ``s32`` for the kernel's float32 value, both rescaled by the same constant ``1/ln 2``.  Claim: for
-every element with ``p >= 2**-120`` (and not "bad"), ``|s32 - s| <= d*s`` with ``d = 2**-16``, and
-``|s64 - s| <= e*s`` with ``e = 2**-50``.
-  * ``x = h`` if ``h < 2**31`` else ``~h = 2**32 - 1 - h``; ``v = (x + 0.5) * 2**-32`` in float32 (two
+and ``s32`` for the kernel's float32 value, the latter two rescaled by the same constant ``ln 2``.
+Claim: for every element with ``2**-120 <= p`` (and ``s32`` finite), ``|s32 - s| <= d*s`` with
+``d = 2**-16``, and ``|s64 - s| <= e*s`` with ``e = 2**-50``.
+  * ``x = h`` if ``h < 2**31`` else ``~h = 2**32 - 1 - h``; ``v = x * 2**-32 + 2**-33`` in float32 (two
     roundings: relative error <= 2**-23), so ``v`` is ``u`` (lower half) or ``w = 1 - u`` (upper half),
     both in (0, 0.5] -- the upper half is never formed as ``1 - u``, which is where float32 would lose
     all of ``u``'s information (``u`` rounds to 1.0 for the last 2**8 hash values).
-  * Lower half: ``E2 = -log2(v)``; ``|log2 v| >= 1``, so the argument error contributes <= 2**-23/ln2 and
-    ``lg2.approx.f32`` (absolute error ~2**-22) at most 2**-22 relative.
-  * Upper half, ``w < 1/16``: ``E2 = (w + w^2/2 + ... + w^6/6)/ln 2``; the truncated tail is
-    ``<= w^6/7/(1-w) < 2**-26.7`` relative, Horner's rounding a few ulp, the argument error
-    ``<= 2**-23 * w/((1-w)(-ln(1-w))) <= 1.04 * 2**-23``.
-  * Upper half, ``1/16 <= w <= 1/2``: ``E2 = -log2(1 - w)``; ``1 - w`` in [0.5, 0.9375] carries an
-    absolute error <= 1.5 * 2**-24, amplified by ``1/(u * |ln u|) <= 1/(0.5 * 0.0645)``: <= 2**-18.5;
-    ``lg2.approx``'s absolute error over ``|log2 u| >= 0.093``: <= 2**-18.6.
-  * ``s32 = p / E2`` (``div.full.f32``, <= 2 ulp = 2**-22; ``p >= 2**-120`` keeps every quotient normal).
-  Sum: well under 2**-17; ``d = 2**-16`` leaves a margin.  ``scripts/gpu_kernel_checks.py`` evaluates
-  the compiled ``E2`` for ALL 2**32 hash values against float64 and reports the measured maximum.
-  Float64 side: the uniform is exact, ``log`` (libdevice) <= 1 ulp, reciprocal and product rounded:
-  ``e = 2**-50`` is generous.
-Let ``j*`` be the chunk's float32 maximum (``m32``) and ``i*`` the true first-index float64 maximum.
-``j*`` is a candidate and is re-scored, so the result's float64 score is ``>= s64(j*)``, and
-``s64(i*) >= s64(j*)``.  Then ``s32(i*) >= s(i*)(1-d) >= s64(i*)(1-d)/(1+e) >= s64(j*)(1-d)/(1+e)
->= s32(j*)(1-d)(1-e)/((1+e)(1+d)) > m32 * (1 - 2**-12)`` (the threshold; float32 rounding of the
-threshold product is ~2**-24, inside the margin).  So ``i*``'s score reaches the threshold: either
-it is its lane's best (a candidate) or its lane's second-best reaches the threshold (rescan).
-Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33.6 < 2**-86`` and cannot beat ``s(j*)`` when
+  * Lower half: ``E2 = -log2(v)``; ``|log2 v| >= 1``, so the argument error contributes <= 2**-23/ln2
+    and ``lg2.approx`` (absolute error about 2**-22) at most 2**-22 relative.
+  * Upper half, ``w < 2**-6``: ``E2 = (w + w^2/2 + w^3/3 + w^4/4)/ln 2``; the truncated tail is
+    ``<= w^4/5/(1-w) < 2**-26`` relative, Horner's rounding a few ulp, the argument error
+    ``<= 2**-23 * w/((1-w)(-ln(1-w))) <= 1.01 * 2**-23``.
+  * Upper half, ``2**-6 <= w <= 1/2``: ``E2 = -log2(1 - w)``; ``1 - w`` carries an absolute error
+    <= 2**-24, amplified by ``1/(u |ln u|) <= 1/(0.5 * 0.0157)``: <= 2**-17; ``lg2.approx``'s absolute
+    error over ``|log2 u| >= 0.0227``: <= 2**-16.5 in the worst case, far less in practice.
+  * ``s32 = p * rcp.approx(E2)`` (<= 1 ulp each; ``E2`` in [2**-33.6, 33] and ``p >= 2**-120`` keep
+    every value normal).
+  Sum: about 2**-16 in the worst case of the documented instruction errors.  ``scripts/gpu_kernel_checks.py``
+  evaluates the compiled ``E2`` for ALL 2**32 hash values against float64 and reports the measured
+  maximum (2**-19 on an H200), and the full ``s32`` on 2**26 random ``(p, h)`` pairs.  The float64 side:
+  the uniform is exact, ``log`` (libdevice) <= 1 ulp, reciprocal and product correctly rounded.
+Let ``j*`` be the element holding ``m32`` and ``i*`` the true first-index float64 maximum of the chunk.
+``j*`` is a candidate and is re-scored, and ``s64(i*) >= s64(j*)``.  Hence ``s32(i*) >= s(i*)(1-d)
+>= s64(i*)(1-d)/(1+e) >= s64(j*)(1-d)/(1+e) >= m32 (1-d)(1-e)/((1+e)(1+d)) > m32 (1 - 2**-11)`` (the
+threshold; its own float32 rounding, 2**-24, is inside the margin), so ``i*`` is a candidate.
+Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot reach ``s(j*)`` when
 ``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
-verifies 10**6+ rows and constructed near-ties against upstream's float64 torch code.
+compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
 
 CUDA graphs: capturable.  All inputs are read from device memory at replay time (update seeds,
 positions and ``greedy`` in place between replays); ``draft_step`` and the shapes are baked into
 the capture.  No host synchronisation; the only allocations are the two outputs and the
-``[B, cdiv(V, CHUNK)]`` float64 + int32 partials (about 50 KiB at B=128, V=163840).
+``[B, cdiv(V, BLOCK)]`` float64 + int32 partials (60 KiB at B=128, V=163840, BLOCK=4096).
 """
 
 from __future__ import annotations
@@ -87,14 +87,11 @@ __all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _INT_MAX = tl.constexpr(2147483647)
-# float32 bit patterns: p >= 2**90, +-inf, NaN, anything negative (sign bit) and -0.0 compare >= this
-# as uint32.  Such chunks are rescanned exactly (rare; never produced by a softmax).
-_BAD_BITS = tl.constexpr(0x6C800000)
 # Below this chunk maximum (in the rescaled float32 score), float32 underflow / flush-to-zero could hide
 # a subnormal-probability winner; such chunks are resolved lazily in stage 2.
 _LOW_SCORE = tl.constexpr(2.0**-80)
-# Relative candidate margin: the float32 error bound is d = 2**-16, so 2**-12 leaves a 16x margin.
-_CAND_REL = tl.constexpr(1.0 - 2.0**-12)
+# Relative candidate margin: the float32 error bound is d = 2**-16 (measured 2**-19): 2**-11 leaves >= 16x.
+_CAND_REL = tl.constexpr(1.0 - 2.0**-11)
 
 
 @triton.jit
@@ -136,7 +133,7 @@ def _row_prefix(seed_ptr, pos_ptr, row):
 
 @triton.jit
 def _neg_log2_u_f32(h, FAST: tl.constexpr):
-    """float32 approximation of -log2((h + 0.5) / 2**32), relative error < 2**-17 (module docstring)."""
+    """float32 approximation of -log2((h + 0.5) / 2**32), relative error < 2**-16 (module docstring)."""
     upper = h >= 0x80000000
     x = tl.where(upper, h ^ 0xFFFFFFFF, h)  # < 2**31: u (lower half) or 1 - u (upper half), never rounded to 1
     v = x.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
@@ -312,6 +309,135 @@ def _stage1_kernel(
 
 
 @triton.jit
+def _tile_load(row_ptr, lo, V, MASKED: tl.constexpr, BLOCK: tl.constexpr):
+    offs = lo + tl.arange(0, BLOCK)
+    if MASKED:
+        p = tl.load(row_ptr + offs, mask=offs < V, other=0.0)
+    else:
+        p = tl.load(row_ptr + offs)
+    return p
+
+
+@triton.jit
+def _multi_chunk(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, TILES: tl.constexpr,
+                 BLOCK: tl.constexpr, FAST: tl.constexpr):
+    """One chunk of TILES * BLOCK columns, tile by tile with the next tile's load issued first.
+
+    Same classification as the single-tile path, with the candidate threshold taken against the
+    running float32 maximum (it only grows, so earlier exclusions stay valid) and tiles whose running
+    maximum is below LOW skipped; a chunk is "fast" only if its maximum reaches 2*LOW, which keeps
+    every skipped element below half of the chunk's best score.
+    """
+    m32 = tl.full([], float("-inf"), tl.float32)
+    b64 = tl.full([], -1.0, tl.float64)
+    bidx = tl.full([], _INT_MAX, tl.int32)
+    zidx = tl.full([], _INT_MAX, tl.int32)
+    pmx = tl.full([], float("-inf"), tl.float32)
+    gnan = tl.full([], _INT_MAX, tl.int32)
+    p_next = _tile_load(row_ptr, lo, V, MASKED, BLOCK)
+    for t in tl.static_range(TILES):
+        p = p_next
+        if t + 1 < TILES:
+            p_next = _tile_load(row_ptr, lo + (t + 1) * BLOCK, V, MASKED, BLOCK)
+        offs = lo + t * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < V
+        if greedy:
+            s = p
+        else:
+            h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
+            s = p * _recip_f32(_neg_log2_u_f32(h, FAST), FAST)
+        if MASKED:
+            s = tl.where(valid, s, float("-inf"))
+        if FAST:
+            m_t = tl.reduce(s, 0, _max_nan)
+        else:
+            m_t = tl.where(tl.max((s != s).to(tl.int32), 0) > 0, float("nan"), tl.max(s, 0))
+        if greedy:
+            # exact float32 comparisons: first NaN, else first index of the maximum (tiles in order)
+            if m_t != m_t:
+                gnan = tl.minimum(gnan, tl.min(tl.where(s != s, offs, _INT_MAX), 0))
+            elif (m_t > m32) | (bidx == _INT_MAX):
+                m32 = m_t
+                bidx = tl.min(tl.where(s == m_t, offs, _INT_MAX), 0)
+        else:
+            m_new = tl.maximum(m32, m_t, propagate_nan=tl.PropagateNan.ALL)
+            thr = m_new * _CAND_REL
+            if (m_t >= thr) & (m_new >= _LOW_SCORE) & (m_new < float("inf")):
+                cand = s >= thr
+                n = tl.sum(cand.to(tl.int32), 0)
+                while n > 0:
+                    j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+                    cand = cand & (offs != j)
+                    n -= 1
+                    s64 = _exact_score_scalar(row_ptr, j, h_row, col_base)
+                    if s64 > b64:  # tiles and candidates in increasing index order: first index wins
+                        b64 = s64
+                        bidx = j
+            if m_t < 2 * _LOW_SCORE:
+                pmx = tl.maximum(pmx, tl.max(tl.where(valid, p, float("-inf")), 0))
+                if m_t == 0:
+                    zidx = tl.minimum(zidx, tl.min(tl.where(valid & (p == 0.0), offs, _INT_MAX), 0))
+            m32 = m_new
+    res_score = tl.zeros([], dtype=tl.float64)
+    res_idx = lo
+    if greedy:
+        res_score = tl.where(gnan < _INT_MAX, float("nan"), m32.to(tl.float64))
+        res_idx = tl.where(gnan < _INT_MAX, gnan, bidx)
+    elif (m32 >= 2 * _LOW_SCORE) & (m32 < float("inf")):
+        res_score = b64
+        res_idx = bidx
+    elif m32 == 0:
+        if pmx == 0:
+            res_idx = zidx
+        elif pmx > 0:
+            res_score = pmx.to(tl.float64) * 17179869184.0
+            res_idx = -1
+        else:
+            res_idx = -2
+    elif (m32 > 0) & (m32 < 2 * _LOW_SCORE):
+        res_score = pmx.to(tl.float64) * 17179869184.0
+        res_idx = -1
+    else:
+        res_idx = -2
+    return res_score, res_idx
+
+
+@triton.jit
+def _stage1_multi_kernel(
+    probs_ptr,
+    row_stride,
+    seed_ptr,
+    pos_ptr,
+    greedy_ptr,
+    part_score_ptr,
+    part_idx_ptr,
+    V,
+    col_base,
+    NC,
+    HAS_GREEDY: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = probs_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    if HAS_GREEDY:
+        greedy = tl.load(greedy_ptr + row) != 0
+    else:
+        greedy = False
+    lo = c * (TILES * BLOCK)
+    if lo + TILES * BLOCK <= V:
+        res_score, res_idx = _multi_chunk(row_ptr, lo, V, h_row, col_base, greedy, False, TILES, BLOCK, FAST)
+    else:
+        res_score, res_idx = _multi_chunk(row_ptr, lo, V, h_row, col_base, greedy, True, TILES, BLOCK, FAST)
+    out = row * NC + c
+    tl.store(part_score_ptr + out, res_score)
+    tl.store(part_idx_ptr + out, res_idx)
+
+
+@triton.jit
 def _stage2_kernel(
     probs_ptr,
     row_stride,
@@ -327,6 +453,7 @@ def _stage2_kernel(
     NC,
     HAS_GREEDY: tl.constexpr,
     NC_POW2: tl.constexpr,
+    TILES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -355,26 +482,36 @@ def _stage2_kernel(
             c = tl.min(tl.where(pend, cidx, _INT_MAX), 0)
             pend = pend & (cidx != c)
             n -= 1
-            s, i = _exact_chunk(row_ptr, h_row, col_base, c * BLOCK, V, greedy, BLOCK)
-            if s != s:
-                nan_idx = tl.minimum(nan_idx, i)
-                n = 0  # chunks come in index order: no later chunk can hold an earlier NaN
-            elif (s > m) | ((s == m) & (i < best_idx)):
-                m = s
-                best_idx = i
+            for t in tl.static_range(TILES):
+                s, i = _exact_chunk(row_ptr, h_row, col_base, c * (TILES * BLOCK) + t * BLOCK, V, greedy, BLOCK)
+                if s != s:
+                    nan_idx = tl.minimum(nan_idx, i)
+                    n = 0  # chunks come in index order: no later chunk can hold an earlier NaN
+                elif (s > m) | ((s == m) & (i < best_idx)):
+                    m = s
+                    best_idx = i
     idx = tl.where(nan_idx < _INT_MAX, nan_idx, best_idx)
     tl.store(out_idx_ptr + row, idx.to(tl.int64))
     tl.store(out_p_ptr + row, tl.load(row_ptr + idx))
 
 
-def launch_config(batch: int, vocab: int) -> Tuple[int, int]:
-    """(BLOCK, num_warps) for a compiled launch (one program per BLOCK columns of one row): enough
-    programs to fill the GPU at small batch, longer chunks (amortised epilogues) at large batch."""
-    if batch * vocab <= 2 * 163840:
-        return 1024, 4
-    if batch * vocab <= 16 * 163840:
-        return 2048, 4
-    return 4096, 8
+# (max B*V/163840, (BLOCK, num_warps, TILES)): first row whose bound is >= the launch's size wins.
+_LAUNCH_TABLE = [
+    (2.0, (1024, 4, 1)),
+    (16.0, (2048, 4, 1)),
+    (float("inf"), (4096, 4, 1)),
+]
+
+
+def launch_config(batch: int, vocab: int) -> Tuple[int, int, int]:
+    """(BLOCK, num_warps, TILES) for a compiled launch (one program per TILES*BLOCK columns of one
+    row): enough programs to fill the GPU at small batch, longer chunks at large batch.  Tuned on an
+    H200 with CUDA-graph replays (scripts/bench_sampler.py)."""
+    size = batch * vocab / 163840
+    for bound, cfg in _LAUNCH_TABLE:
+        if size <= bound:
+            return cfg
+    return _LAUNCH_TABLE[-1][1]
 
 
 def _validate(probs, sampling_seed, positions, draft_step, greedy) -> None:
@@ -440,6 +577,7 @@ def seeded_draft_sample(
     greedy: Optional[torch.Tensor] = None,
     block_size: Optional[int] = None,
     num_warps: Optional[int] = None,
+    tiles: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Seeded draft draw, bit-identical to SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=,
     positions=, draft_step=)``; returns ``(probs.gather(1, idx) [B, 1] float32, idx [B, 1] int64)``.
@@ -452,9 +590,9 @@ def seeded_draft_sample(
         draft_step: non-negative Python int with ``draft_step * V + V <= 2**32``.
         greedy: optional ``[B]`` bool; True rows return the first argmax of ``probs`` (upstream's
             ``top_ks <= 1`` override) instead of a random draw.
-        block_size / num_warps: launch overrides (``block_size``: columns per program, a power of two
-            >= 16; defaults from :func:`launch_config`); the interpreter runs much faster with large
-            blocks.
+        block_size / num_warps / tiles: launch overrides (``block_size``: columns per tile, a power of
+            two >= 16; ``tiles``: tiles per program, 1, 2 or 4; defaults from :func:`launch_config`); the
+            interpreter runs much faster with large blocks.
 
     Degenerate rows (same answer as upstream's ``torch.argmax``, so toggling the plugin never changes a
     token): an all-zero row returns token 0; a row containing NaN returns its first NaN index; +inf
@@ -469,7 +607,7 @@ def seeded_draft_sample(
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    block, warps = launch_config(B, V)
+    block, warps, ntiles = launch_config(B, V)
     if INTERPRETED:
         # the interpreter executes each program in NumPy: fewer, wider programs are much faster
         block = max(1024, min(8192, triton.next_power_of_2(V)))
@@ -477,9 +615,13 @@ def seeded_draft_sample(
         block = int(block_size)
     if num_warps is not None:
         warps = int(num_warps)
+    if tiles is not None:
+        ntiles = int(tiles)
     if block < 16 or block & (block - 1):
         raise ValueError(f"block_size must be a power of two >= 16, got {block}")
-    nc = triton.cdiv(V, block)
+    if ntiles not in (1, 2, 4):
+        raise ValueError(f"tiles must be 1, 2 or 4, got {ntiles}")
+    nc = triton.cdiv(V, block * ntiles)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)
     seeds = sampling_seed.reshape(-1)
@@ -489,12 +631,19 @@ def seeded_draft_sample(
     g = greedy.reshape(-1).contiguous() if greedy is not None else seeds  # dummy pointer when absent
     col_base = int(draft_step) * V
     fast = probs.device.type == "cuda" and not INTERPRETED
-    _stage1_kernel[(B, nc)](
-        probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
-        HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, num_warps=warps,
-    )
+    if ntiles == 1:
+        _stage1_kernel[(B, nc)](
+            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
+            HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, num_warps=warps,
+        )
+    else:
+        _stage1_multi_kernel[(B, nc)](
+            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
+            HAS_GREEDY=greedy is not None, TILES=ntiles, BLOCK=block, FAST=fast, num_warps=warps,
+        )
     _stage2_kernel[(B,)](
         probs, probs.stride(0), seeds, pos, g, part_score, part_idx, out_p, out_idx, V, col_base, nc,
-        HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, num_warps=4,
+        HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), TILES=ntiles, BLOCK=block,
+        num_warps=4,
     )
     return out_p, out_idx

@@ -52,19 +52,21 @@ def _check(probs, seeds, pos, step=0, greedy=None, **kw):
 
 
 @pytest.mark.parametrize(
-    "B,V,step,kind,temp,block",
+    "B,V,step,kind,temp,block,tiles",
     [
-        (4, 1000, 0, "dense", 1.0, None),
-        (3, 3001, 2, "dense", 0.3, None),  # odd V, partial last chunk
-        (5, 2048, 1, "topk", 1.0, 256),  # top-k truncated: all-zero chunks, several chunks per row
-        (3, 1537, 7, "flat", 1.0, 512),  # flat distribution: every p equal
-        (2, 4099, 0, "dense", 3.0, 1024),
-        (6, 257, 5, "dense", 1.0, 16),  # tiny blocks: many chunks, many candidates per row
+        (4, 1000, 0, "dense", 1.0, None, None),
+        (3, 3001, 2, "dense", 0.3, None, None),  # odd V, partial last chunk
+        (5, 2048, 1, "topk", 1.0, 256, 1),  # top-k truncated: all-zero chunks, several chunks per row
+        (5, 2048, 1, "topk", 1.0, 128, 4),  # the same with four tiles per program
+        (3, 1537, 7, "flat", 1.0, 512, 1),  # flat distribution: every p equal
+        (3, 1537, 6, "flat", 1.0, 128, 2),
+        (2, 4099, 0, "dense", 3.0, 1024, 2),
+        (6, 257, 5, "dense", 1.0, 16, 1),  # tiny blocks: many chunks, many candidates per row
     ],
 )
-def test_kernel_matches_reference(B, V, step, kind, temp, block):
+def test_kernel_matches_reference(B, V, step, kind, temp, block, tiles):
     probs, seeds, pos = _inputs(B, V, seed=B * V + step, kind=kind, temp=temp)
-    _check(probs, seeds, pos, step, block_size=block)
+    _check(probs, seeds, pos, step, block_size=block, tiles=tiles)
 
 
 def test_strided_row_view_and_int32_positions():
@@ -106,10 +108,11 @@ def test_degenerate_rows_follow_torch_argmax():
     probs[7] = -torch.rand(V).to(DEV)  # only negatives
     probs[8, :] = 0.0
     probs[8, -1] = 0.25
-    i = _check(probs, seeds, pos, 3, block_size=128)
-    assert i[0, 0] == 0 and i[1, 0] == 30 and i[2, 0] == 650 and i[5, 0] == 123 and i[8, 0] == V - 1
-    greedy = torch.ones(10, dtype=torch.bool, device=DEV)
-    _check(probs, seeds, pos, 3, greedy=greedy, block_size=128)
+    for tiles in (1, 2):
+        i = _check(probs, seeds, pos, 3, block_size=128, tiles=tiles)
+        assert i[0, 0] == 0 and i[1, 0] == 30 and i[2, 0] == 650 and i[5, 0] == 123 and i[8, 0] == V - 1
+        greedy = torch.ones(10, dtype=torch.bool, device=DEV)
+        _check(probs, seeds, pos, 3, greedy=greedy, block_size=128, tiles=tiles)
 
 
 def test_near_ties_go_to_the_first_index():
@@ -147,6 +150,8 @@ def test_replay_is_bitwise_identical_and_batch_invariant():
     assert torch.equal(d, a[1])
     e = kernel_sample(probs, seeds, pos, 4, block_size=256)[1]  # launch shape does not matter
     assert torch.equal(e, a[1])
+    f = kernel_sample(probs, seeds, pos, 4, block_size=128, tiles=4)[1]
+    assert torch.equal(f, a[1])
 
 
 def test_seed_position_and_step_each_change_the_stream():
@@ -186,6 +191,8 @@ def test_validation_errors():
         kernel_sample(probs, seeds, pos, greedy=torch.ones(3, device=probs.device))
     with pytest.raises(ValueError, match="Python int"):
         kernel_sample(probs, seeds, pos, torch.tensor(1))
+    with pytest.raises(ValueError, match="tiles"):
+        kernel_sample(probs, seeds, pos, tiles=3)
 
 
 @pytest.mark.skipif(DEV != "cpu" or os.environ.get("TRITON_INTERPRET") == "1", reason="only meaningful without the interpreter on CPU")
