@@ -262,3 +262,26 @@ def test_without_the_hook_sglang_refuses_loudly(models, monkeypatch):
     monkeypatch.setattr(detspec_args, "requested_detspec_algorithm", lambda sa: None)
     with pytest.raises(ResolutionHookInactive, match="resolution hook is not active"):
         resolve(**base_args(models, "DETSPEC_EAGLE"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_what_a_scheduler_sees(models, name):
+    """The record crosses to the scheduler by pickling (spawn) and is published into the config bags the
+    workers read (get_spec / get_exec); the published name resolves to the registered DETSPEC algorithm."""
+    import pickle
+
+    from sglang.srt.runtime_context import get_exec, get_spec, publish, reset_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_detspec.integration.algorithm import ALGORITHM_CLASSES
+
+    child = pickle.loads(pickle.dumps(resolve(**base_args(models, name))))
+    try:
+        publish(child, role="tokenizer")
+        spec = get_spec()
+        assert (spec.speculative_algorithm, spec.speculative_use_rejection_sampling, spec.speculative_eagle_topk,
+                spec.speculative_num_steps, spec.speculative_num_draft_tokens) == (name, True, 1, 3, 4)
+        assert get_exec().deterministic.enable_deterministic_inference is True
+        assert isinstance(SpeculativeAlgorithm.from_string(spec.speculative_algorithm), ALGORITHM_CLASSES[name])
+    finally:
+        reset_context()
