@@ -13,9 +13,11 @@ what                                      0.5.17                               0
 where server arguments are resolved       ``ServerArgs.__post_init__`` (a      ``ServerArgs.resolve_once`` ->
                                           dataclass; handlers *assign* fields, ``arg_groups.pipeline.
                                           then ``materialize_declarations``)   run_resolution_pipeline`` (a
-                                                                               msgspec record; handlers *declare*,
+                                                                               record; handlers *declare*,
                                                                                fields keep the raw input)
-reading a resolved field                  ``server_args.<field>``              ``resolving_view(sa).<field>``
+reading a resolved field                  ``resolved_view(sa).<field>`` mid-   ``resolving_view(sa).<field>``
+                                          resolution, ``server_args.<field>``
+                                          after
 writing a field during resolution         ``setattr`` (``override`` once       ``declare_resolution(...)``
                                           ``__post_init__`` sealed the record)
 resolution-step plugin hooks              none                                 ``register_resolution_hook``
@@ -36,8 +38,16 @@ spec fields only in 0.5.23                                                     `
                                                                                ``enable_return_aux_hidden_states``
 ========================================  ===================================  ====================================
 
-The plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``) and
-``SpeculativeAlgorithm.register`` / ``spec_registry`` are the same in both (only formatting differs).
+Also different: 0.5.17 seals ``ServerArgs`` when ``__post_init__`` ends (assigning a field raises;
+``server_args.override(source, **fields)`` is the write path), while 0.5.23 records never change their
+fields; 0.5.17's scheduler passes ``create_worker`` a deep copy of the record (``draft_server_args_copy``),
+0.5.23 the record itself.
+
+The same in both: the plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``; only
+formatting differs), ``SpeculativeAlgorithm.register`` and the registry's checks (reserved names, duplicates,
+the ``is_*`` / ``supports_*`` conformance check), the scheduler / model-runner / worker processes calling
+``load_plugins()`` before they look an algorithm up, and ``CustomSpecAlgo.create_worker`` refusing overlap
+scheduling unless ``supports_overlap=True``.
 """
 
 from __future__ import annotations
