@@ -175,7 +175,11 @@ def _upstream_scores(probs, seeds, pos, step):
 
 
 def check_near_ties(n_rows: int, log) -> dict:
-    """Rows whose top two float64 scores are within a few ulp (or exactly tied), same lane / chunk / not."""
+    """Rows whose top two float64 scores are within a few float32 ulp of p, same tile / chunk or apart.
+
+    (Exact float64 ties between tokens with positive scores essentially never occur: within a row the
+    hash is a bijection of the column word, so the reciprocals differ; ``exact_float64_ties`` counts
+    any that the construction happens to produce.)"""
     g = torch.Generator(device=DEV).manual_seed(99)
     total = mism = exact_ties = 0
     V = 163840
