@@ -7,6 +7,13 @@ function that needs SGLang imports it lazily.
 Differences this module absorbs (verified against the installed 0.5.17 and 0.5.23 wheels)
 -----------------------------------------------------------------------------------------
 
+The releases in between were read (not run) from their PyPI wheels: 0.5.18 resolves in
+``ServerArgs.__post_init__`` like 0.5.17; 0.5.19 to 0.5.22 resolve through ``resolve_once`` ->
+``run_resolution_pipeline`` like 0.5.23 (0.5.20+ also have ``register_resolution_hook``). All of
+0.5.17-0.5.22 refuse rejection sampling with ``--enable-deterministic-inference``; the plugin framework,
+``SpeculativeAlgorithm.register`` and the scheduler's ``load_plugins()`` call are present in every one.
+The probes below test for the feature, not the version number.
+
 ========================================  ===================================  ====================================
 what                                      0.5.17                               0.5.23
 ========================================  ===================================  ====================================
@@ -39,8 +46,8 @@ spec fields only in 0.5.23                                                     `
 ========================================  ===================================  ====================================
 
 Also different: 0.5.17 seals ``ServerArgs`` when ``__post_init__`` ends (assigning a field raises;
-``server_args.override(source, **fields)`` is the write path), while 0.5.23 records never change their
-fields; 0.5.17's scheduler passes ``create_worker`` a deep copy of the record (``draft_server_args_copy``),
+``server_args.override(source, **fields)`` is the write path; 0.5.18 names it ``_late_resolution``), while
+0.5.23 records never change their fields; 0.5.17's scheduler passes ``create_worker`` a deep copy of the record (``draft_server_args_copy``),
 0.5.23 the record itself.
 
 The same in both: the plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``; only
@@ -215,10 +222,18 @@ def write_fields(server_args: Any, source: str, **fields: Any) -> None:
         if not hasattr(server_args, name):
             raise AttributeError(f"{source}: {name!r} is not a ServerArgs field")
     if getattr(server_args, "_declarations_materialized", False):
-        # 0.5.17 seals the record once __post_init__ has materialized its declarations; ``override`` is its
-        # one sanctioned post-resolution write (it also records resolvable fields for a republish).
-        server_args.override(source, **fields)
-        return
+        # __post_init__ releases seal the record once its declarations are materialized. The sanctioned
+        # pre-publish write is ``override`` in 0.5.17 (it also records resolvable fields for a republish)
+        # and ``_late_resolution`` in 0.5.18 (checked in the 0.5.18 wheel; 0.5.19+ resolve via the pipeline).
+        for method in ("override", "_late_resolution"):
+            write = getattr(server_args, method, None)
+            if callable(write):
+                write(source, **fields)
+                return
+        raise RuntimeError(
+            f"{source}: this SGLang release sealed ServerArgs and offers no known write path "
+            "(override / _late_resolution)"
+        )
     for name, value in fields.items():
         setattr(server_args, name, value)
 
