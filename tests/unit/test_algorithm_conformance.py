@@ -245,3 +245,19 @@ def test_interface_fill_delegates_to_the_enum_with_this_algorithm(monkeypatch):
     assert probe.supports_something() is True
     assert probe.is_plain_eagle_member() is False
     assert algorithm._fill_interface(Probe) == []
+
+
+def test_load_plugin_raises_and_logs_when_registration_fails(monkeypatch, caplog):
+    """SGLang's loader only logs a plugin's exception, so load_plugin logs an explicit error itself."""
+    monkeypatch.setitem(spec_registry._REGISTRY, "DETSPEC_EAGLE", CustomSpecAlgo("DETSPEC_EAGLE", lambda sa: object))
+    with pytest.raises(RuntimeError, match="already registered"):
+        load_plugin()
+    assert "registration FAILED" in caplog.text and "DETSPEC_EAGLE" in caplog.text
+
+
+def test_load_plugin_reports_status():
+    status = load_plugin()
+    assert status["algorithms"] == NAMES
+    assert status["resolution_hook_active"] is True
+    assert status["resolution_target"] == compat.resolution_entry_target()
+    assert compat.parse_version(status["sglang_version"]) == compat.parse_version(sglang.__version__)
