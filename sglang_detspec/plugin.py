@@ -7,6 +7,7 @@ scheduler, DP-controller and detokenizer process. It registers
 * the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
   (:mod:`sglang_detspec.integration.algorithm`), and
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
+* a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -46,10 +47,11 @@ def load_plugin() -> Dict[str, object]:
     Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
     """
     try:
-        from sglang_detspec.integration import algorithm, server_args
+        from sglang_detspec.integration import algorithm, request_validation, server_args
 
         algorithm.register_algorithms()
         server_args.install_resolution_hook()
+        request_validation.install_request_validation()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
