@@ -67,8 +67,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import types
-from typing import Any, Callable, Dict, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -84,6 +83,7 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
+from sglang_detspec.integration.upstream_code import code_names, rebind_globals
 
 __all__ = [
     "DetspecMultiLayerEagleDraftWorker",
@@ -273,37 +273,6 @@ def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
 # --------------------------------------------------------------------------
 
 
-def _rebind_globals(func: Callable, overrides: Dict[str, Any]) -> Callable:
-    """``func`` with the same code, defaults and closure but private globals.
-
-    The closure is kept so zero-argument ``super()`` inside the body still
-    resolves against the upstream class it was written in.
-    """
-    missing = [name for name in overrides if name not in func.__globals__]
-    if missing:
-        # A renamed global would silently keep calling the upstream sampler.
-        raise RuntimeError(
-            f"{func.__qualname__} no longer reads {missing} from its module; "
-            "sglang-detspec needs updating for this SGLang version"
-        )
-    new_globals = dict(func.__globals__)
-    new_globals.update(overrides)
-    clone = types.FunctionType(
-        func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__
-    )
-    clone.__kwdefaults__ = dict(func.__kwdefaults__ or {}) or None
-    functools.update_wrapper(clone, func)
-    return clone
-
-
-def _code_names(code: types.CodeType) -> set:
-    names = set(code.co_names)
-    for const in code.co_consts:  # nested functions / lambdas / comprehensions
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
-
-
 # Which upstream names each rebound method must see as DETSPEC versions.  A
 # method that stops reading its name fails loudly in _upstream().
 _REBOUND_NAMES = {
@@ -319,7 +288,7 @@ def _upstream(owner: type, name: str) -> Callable:
     """Upstream ``owner.name`` running with the DETSPEC names (cached)."""
     func = vars(owner)[name]
     wanted = _REBOUND_NAMES[name]
-    unread = [n for n in wanted if n not in _code_names(func.__code__)]
+    unread = [n for n in wanted if n not in code_names(func.__code__)]
     if unread:
         raise RuntimeError(
             f"{owner.__name__}.{name} no longer refers to {unread}; "
@@ -330,7 +299,7 @@ def _upstream(owner: type, name: str) -> Callable:
         _SINGLE_CG_RUNNER_NAME: DetspecOneGraphDraftExtendRunner,
         "MultiLayerEagleDraftWorker": DetspecMultiLayerEagleDraftWorker,
     }
-    return _rebind_globals(func, {n: replacements[n] for n in wanted})
+    return rebind_globals(func, {n: replacements[n] for n in wanted})
 
 
 # --------------------------------------------------------------------------

@@ -72,7 +72,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import types
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -85,6 +84,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWork
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
+from sglang_detspec.integration.upstream_code import code_names, rebind_globals
 
 __all__ = [
     "DetspecEAGLEWorkerV2",
@@ -266,29 +266,6 @@ def _detspec_sample_draft_proposal(
 # ---------------------------------------------------------------------------
 
 
-def _rebind_globals(func: Callable, overrides: Dict[str, Any]) -> Callable:
-    """``func`` with the same code, defaults and closure but private globals.
-
-    The closure is kept so zero-argument ``super()`` inside the body still
-    resolves against the upstream class it was written in.
-    """
-    missing = [name for name in overrides if name not in func.__globals__]
-    if missing:
-        # A renamed global would silently keep calling the upstream sampler.
-        raise RuntimeError(
-            f"{func.__qualname__} no longer reads {missing} from its module; "
-            "sglang-detspec needs updating for this SGLang version"
-        )
-    new_globals = dict(func.__globals__)
-    new_globals.update(overrides)
-    clone = types.FunctionType(
-        func.__code__, new_globals, func.__name__, func.__defaults__, func.__closure__
-    )
-    clone.__kwdefaults__ = dict(func.__kwdefaults__ or {}) or None
-    functools.update_wrapper(clone, func)
-    return clone
-
-
 @functools.lru_cache(maxsize=None)
 def _upstream(owner: type, name: str) -> Callable:
     """Upstream ``owner.name`` running with the DETSPEC stand-in names.
@@ -298,19 +275,16 @@ def _upstream(owner: type, name: str) -> Callable:
     """
     overrides: Dict[str, Any] = {}
     func = getattr(owner, name)
-    code_names = set(func.__code__.co_names)
-    for const in func.__code__.co_consts:  # names used by nested lambdas
-        if isinstance(const, types.CodeType):
-            code_names |= set(const.co_names)
-    if "fast_sample" in code_names:
+    names = code_names(func.__code__)
+    if "fast_sample" in names:
         overrides["fast_sample"] = _detspec_fast_sample
-    if "sample_draft_proposal" in code_names:
+    if "sample_draft_proposal" in names:
         overrides["sample_draft_proposal"] = _detspec_sample_draft_proposal
-    if "EagleDraftWorker" in code_names:
+    if "EagleDraftWorker" in names:
         overrides["EagleDraftWorker"] = DetspecEagleDraftWorker
-    if "EAGLEDraftCudaGraphRunner" in code_names:
+    if "EAGLEDraftCudaGraphRunner" in names:
         overrides["EAGLEDraftCudaGraphRunner"] = DetspecEAGLEDraftCudaGraphRunner
-    return _rebind_globals(func, overrides)
+    return rebind_globals(func, overrides)
 
 
 # ---------------------------------------------------------------------------
