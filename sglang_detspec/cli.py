@@ -809,13 +809,9 @@ def build_serve_command(
         ("--attention-backend", [attention_backend]),
     ]
     if tiny:
-        defaults += [
-            ("--load-format", ["dummy"]),
-            ("--speculative-draft-load-format", ["dummy"]),
-            ("--dtype", ["bfloat16"]),
-            # A few MiB of weights: leave the GPU's memory to others rather than a KV cache nobody needs.
-            ("--mem-fraction-static", ["0.3"]),
-        ]
+        from sglang_detspec.tiny_models import TINY_SERVER_FLAGS
+
+        defaults += [(flag, list(values)) for flag, values in TINY_SERVER_FLAGS]
     defaults += [("--host", [host]), ("--port", [str(port)])]
 
     given = _flags_in(passthrough)

@@ -131,21 +131,17 @@ CUDA_GRAPH_MAX_BS = 8
 
 
 def common_args(target: Path) -> List[str]:
+    # The tiny pair's flags live with the models, shared with `sglang-detspec serve` (imported here, not at
+    # module level, so this harness still imports with the standard library alone).
+    from sglang_detspec.tiny_models import TINY_SERVER_FLAGS
+
+    tiny_flags = [part for flag, values in TINY_SERVER_FLAGS for part in (flag, *values)]
     return [
         "--model-path", str(target),
-        "--load-format", "dummy",          # weights from a fixed seed: identical every launch
-        "--dtype", "bfloat16",
+        *tiny_flags,  # a small capped KV pool each, so several servers can start side by side
         "--attention-backend", "triton",
         "--sampling-backend", "pytorch",
-        "--mem-fraction-static", "0.25",
-        # A capped KV pool keeps each server small, so several can start side by side.
-        "--max-total-tokens", "65536",
-        "--max-running-requests", "32",
         "--cuda-graph-max-bs-decode", str(CUDA_GRAPH_MAX_BS),
-        # Prefill graphs stay on but only up to 256 tokens: the default list (58 sizes up to 8192)
-        # takes ~70 s to capture on an H200 and our prompts are short.
-        "--cuda-graph-max-bs-prefill", "256",
-        "--context-length", "4096",
         "--host", "127.0.0.1",
         "--log-level", "info",
     ]
