@@ -2,7 +2,6 @@
 transformers, are byte-identical across builds, build without network, and cache atomically."""
 
 import json
-import os
 import socket
 
 import pytest
@@ -118,7 +117,7 @@ def test_incomplete_cache_entry_is_replaced(tmp_path):
     (final / "target" / "config.json").write_text("{}")  # a half-written dir from a killed build
     m = tm.ensure_tiny_models(tmp_path)
     assert (m.target / "tokenizer.json").is_file() and (m.eagle3_draft / "config.json").is_file()
-    ref = tm.build_tiny_models(tmp_path / "ref")
+    tm.build_tiny_models(tmp_path / "ref")
     assert tm.tree_digest(final) == tm.tree_digest(tmp_path / "ref")
 
 
