@@ -64,10 +64,38 @@ Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot 
 ``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
 compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
 
+Opt-in code paths (``VARIANT``; all off by default, none yet timed on a GPU)
+---------------------------------------------------------------------------
+They return the same tokens (CPU tests compare each with the reference) and exist to be timed against
+the default in one GPU process: ``scripts/bench_kernel_variants.py`` (parity on ~50k rows + near-ties,
+CUDA-graph timings, exhaustive E2 error).  Switch the default only on such a measurement.
+  * ``hash=1``: the finalizer's length word folded into the first xor-shift ((h ^ 16) >> 16 == h >> 16).
+  * ``e2=1``: a cheaper float32 ``E2`` with candidate margin ``2**-10`` instead of ``2**-11``:
+    ``u = float(h) * 2**-32 + 2**-33`` for every hash (no half split), ``E2 = -lg2(u)``, except for the
+    last 2**23 hashes (``w = 1 - u < 2**-9``), where ``E2 = (w + w^2/2)/ln 2`` and ``w`` is formed
+    exactly from the float bit pattern of ``2**23 + ~h`` (one FFMA, no second conversion).  Bound:
+      - ``h < 2**31`` (``u <= 1/2``): ``u`` carries two roundings (<= 2**-23 relative) and
+        ``|log2 u| >= 1``: <= 2**-22.5 + lg2.approx's 2**-22;
+      - ``2**31 <= h < 2**32 - 2**23``: ``float(h)`` is off by <= 2**7 and the FFMA rounds in [1/2, 1):
+        ``|du| <= 2**-24``, i.e. ``|d log2 u| <= 2**-24 / (u ln 2) <= 2**-22.5``, plus lg2.approx's
+        absolute 2**-22 (sum 2**-21.2), over ``E2 >= 2**-9 / ln 2 = 2**-8.47``: <= 2**-12.75 relative;
+      - the series: ``w`` has one rounding (2**-24), the dropped tail is ``<= w^2/3 < 2**-19.5``.
+    With ``rcp.approx`` and the product, ``d <= 2**-12.7``; ``(1-d)(1-e)/((1+e)(1+d)) > 1 - 2**-11.6``
+    stays above the ``1 - 2**-10`` threshold (the argument of the section above, margin changed).
+    Measured on CPU with IEEE log2 in place of lg2.approx: max 2**-16.0 (at ``h = 2**32 - 2**23``).
+  * ``cand=1``: the candidate count and the single candidate's index from ONE integer sum (each
+    candidate adds ``2**17 + local index + 1``); two or more candidates recompute the tile (L2-hot) and
+    take the general loop; rare branches reload ``p`` instead of keeping it in registers.
+  * ``fuse=1``: no stage-2 launch: the last program of each row to arrive (an ``atomic_add`` on a
+    zeroed ``[B]`` int32 counter, acq_rel) reduces the row; pending rescans use 512-column sub-tiles.
+Static SASS (sm_90, ``cuobjdump``, BLOCK=4096, 4 warps; NOT a timing): default 152 registers; e2+hash
+128 registers and ~4 fewer instructions per element (the E2 sequence is 10 instead of ~15).
+
 CUDA graphs: capturable.  All inputs are read from device memory at replay time (update seeds,
 positions and ``greedy`` in place between replays); ``draft_step`` and the shapes are baked into
 the capture.  No host synchronisation; the only allocations are the two outputs and the
-``[B, cdiv(V, BLOCK)]`` float64 + int32 partials (60 KiB at B=128, V=163840, BLOCK=4096).
+``[B, cdiv(V, BLOCK)]`` float64 + int32 partials (60 KiB at B=128, V=163840, BLOCK=4096), and with
+``fuse=1`` a ``[B]`` int32 counter zeroed by a captured fill.
 """
 
 from __future__ import annotations
@@ -92,6 +120,8 @@ _INT_MAX = tl.constexpr(2147483647)
 _LOW_SCORE = tl.constexpr(2.0**-80)
 # Relative candidate margin: the float32 error bound is d = 2**-16 (measured 2**-17.8): 2**-11 leaves >= 16x.
 _CAND_REL = tl.constexpr(1.0 - 2.0**-11)
+# The same for the cheaper float32 approximation (E2V=1, bound d = 2**-12.7): 2**-10 leaves >= 3x.
+_CAND_REL_V2 = tl.constexpr(1.0 - 2.0**-10)
 
 
 @triton.jit
@@ -113,6 +143,27 @@ def _fmix32(h):
     h = h ^ (h >> 13)
     h = h * 0xC2B2AE35
     return h ^ (h >> 16)
+
+
+@triton.jit
+def _fmix32_v2(h):
+    # _fmix32 with the length word folded into the first xor-shift: (h ^ 16) >> 16 == h >> 16, so
+    # h ^ 16 ^ (h >> 16) is the same value in one three-input logic op instead of two dependent ones.
+    h = h ^ (h >> 16) ^ 16
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _col_hash(h_row, col, HASHV: tl.constexpr):
+    """Murmur hash of one token: the row prefix mixed with the column word, finalized."""
+    if HASHV:
+        h = _fmix32_v2(_mix32(h_row, col))
+    else:
+        h = _fmix32(_mix32(h_row, col))
+    return h
 
 
 @triton.jit
@@ -145,6 +196,33 @@ def _neg_log2_u_f32(h, FAST: tl.constexpr):
     # -log2(1 - w) = (w + w^2/2 + w^3/3 + w^4/4 + ...)/ln 2 for w < 2**-6: tail < w^4/5 < 2**-26 relative.
     poly = v * (1.4426950408889634 + v * (0.7213475204444817 + v * (0.48089834696298783 + v * 0.36067376022224085)))
     return tl.where(upper & (v < 0.015625), poly, -lg)
+
+
+@triton.jit
+def _lg2_f32(x, FAST: tl.constexpr):
+    if FAST:
+        lg = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        lg = tl.log2(x)
+    return lg
+
+
+@triton.jit
+def _neg_log2_u_f32_v2(h, FAST: tl.constexpr):
+    """Cheaper float32 -log2((h + 0.5) / 2**32), relative error < 2**-12.7 (module docstring, ``e2=1``).
+
+    No upper/lower split: u is formed directly from float(h) (its absolute error, <= 2**-24, is what
+    the split avoided, and it only matters where -log u is small); only the last 2**23 hash values
+    (w = 1 - u < 2**-9) take a two-term series in w, and w comes exactly from the bit pattern of the
+    float 2**23 + ~h (no second int-to-float conversion).
+    """
+    u = h.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
+    lg = _lg2_f32(u, FAST)
+    kb = ((h ^ 0xFFFFFFFF) & 0x7FFFFF) | 0x4B000000  # float bits of 2**23 + ~h (exact when ~h < 2**23)
+    # (2**23 + k) * 2**-32 + (2**-33 - 2**-9) = (k + 0.5) * 2**-32: the product is exact, one rounding
+    w = kb.to(tl.float32, bitcast=True) * 2.3283064365386963e-10 + (1.1641532182693481e-10 - 0.001953125)
+    poly = w * (1.4426950408889634 + w * 0.7213475204444817)
+    return tl.where(h >= 0xFF800000, poly, -lg)
 
 
 @triton.jit
@@ -197,7 +275,8 @@ def _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
+def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr,
+                 E2V: tl.constexpr, HASHV: tl.constexpr):
     offs = lo + tl.arange(0, BLOCK)
     if MASKED:
         mask = offs < V
@@ -207,11 +286,36 @@ def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, 
     if greedy:
         s = p
     else:
-        h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
-        s = p * _recip_f32(_neg_log2_u_f32(h, FAST), FAST)
+        h = _col_hash(h_row, (col_base + offs).to(tl.uint32), HASHV)
+        if E2V:
+            s = p * _recip_f32(_neg_log2_u_f32_v2(h, FAST), FAST)
+        else:
+            s = p * _recip_f32(_neg_log2_u_f32(h, FAST), FAST)
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     return p, s
+
+
+@triton.jit
+def _resolve_candidates(row_ptr, cand, offs, h_row, col_base):
+    """Exact float64 first-index maximum over the candidate elements (at least one), in index order."""
+    n = tl.sum(cand.to(tl.int32), 0)
+    j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+    res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
+    res_idx = j
+    if n > 1:
+        rest = cand & (offs != j)
+        k = n - 1
+        while k > 0:
+            j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
+            rest = rest & (offs != j2)
+            k -= 1
+            s64 = _exact_score_scalar(row_ptr, j2, h_row, col_base)
+            # candidates come in increasing index order: strict > keeps the first index of a tie
+            if s64 > res_score:
+                res_score = s64
+                res_idx = j2
+    return res_score, res_idx
 
 
 @triton.jit
@@ -223,12 +327,21 @@ def _stage1_kernel(
     greedy_ptr,
     part_score_ptr,
     part_idx_ptr,
+    cnt_ptr,
+    out_p_ptr,
+    out_idx_ptr,
     V,
     col_base,
     NC,
     HAS_GREEDY: tl.constexpr,
     BLOCK: tl.constexpr,
     FAST: tl.constexpr,
+    E2V: tl.constexpr,
+    CANDV: tl.constexpr,
+    HASHV: tl.constexpr,
+    FUSE2: tl.constexpr,
+    NC_POW2: tl.constexpr,
+    FIN_BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -243,9 +356,9 @@ def _stage1_kernel(
     valid = offs < V
     # Only the last chunk of a row is partial: the others skip the masks.
     if lo + BLOCK <= V:
-        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, False, BLOCK, FAST)
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, False, BLOCK, FAST, E2V, HASHV)
     else:
-        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST)
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST, E2V, HASHV)
     # NaN-propagating maximum (a NaN probability makes m NaN)
     if FAST:
         m = tl.reduce(s, 0, _max_nan)  # one max.NaN per element
@@ -264,24 +377,29 @@ def _stage1_kernel(
     elif (m >= _LOW_SCORE) & (m < float("inf")):
         # Fast path.  Every element whose float64 score can reach the chunk's float64 maximum has
         # s >= thr (bound in the module docstring); re-score those exactly, lowest index first.
-        cand = s >= m * _CAND_REL
-        n = tl.sum(cand.to(tl.int32), 0)
-        j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
-        res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
-        res_idx = j
-        if n > 1:
-            rest = cand & (offs != j)
-            k = n - 1
-            while k > 0:
-                j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
-                rest = rest & (offs != j2)
-                k -= 1
-                s64 = _exact_score_scalar(row_ptr, j2, h_row, col_base)
-                # candidates come in increasing index order: strict > keeps the first index of a tie
-                if s64 > res_score:
-                    res_score = s64
-                    res_idx = j2
+        if E2V:
+            thr = m * _CAND_REL_V2
+        else:
+            thr = m * _CAND_REL
+        if CANDV:
+            # One reduction instead of two: each candidate adds 2**17 + (local index + 1).  With
+            # BLOCK <= 8192 the sum stays below 2**31, a single candidate gives exactly 2**17 + idx + 1
+            # and two or more give >= 2**18, so S >> 17 == 1 iff there is exactly one candidate.
+            S = tl.sum(tl.where(s >= thr, tl.arange(0, BLOCK) + 131073, 0), 0)
+            if (S >> 17) == 1:
+                j = lo + (S & 0x1FFFF) - 1
+                res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
+                res_idx = j
+            else:
+                # Rare (about 2**-10 of the tiles): recompute the tile (L2-hot, same code, same values)
+                # instead of keeping masks and scores live in registers across the common path.
+                _, s2 = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST, E2V, HASHV)
+                res_score, res_idx = _resolve_candidates(row_ptr, s2 >= thr, offs, h_row, col_base)
+        else:
+            res_score, res_idx = _resolve_candidates(row_ptr, s >= thr, offs, h_row, col_base)
     elif m == 0:
+        if CANDV:
+            p = tl.load(row_ptr + offs, mask=valid, other=0.0)  # reloaded: keeps p out of the hot path's registers
         pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
         if pmax == 0:
             # Every p is +-0.0 or negative (padded rows, truncated tails): every best score is exactly
@@ -297,6 +415,8 @@ def _stage1_kernel(
     elif (m > 0) & (m < _LOW_SCORE):
         # Every p below ~2**-77: float32 underflow / flush-to-zero could hide a subnormal winner.
         # Exact upper bound of the chunk's float64 scores: p_max * max(1/E) < p_max * 2**34.
+        if CANDV:
+            p = tl.load(row_ptr + offs, mask=valid, other=0.0)
         pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
         res_score = pmax.to(tl.float64) * 17179869184.0
         res_idx = -1
@@ -306,6 +426,17 @@ def _stage1_kernel(
     out = row * NC + c
     tl.store(part_score_ptr + out, res_score)
     tl.store(part_idx_ptr + out, res_idx)
+    if FUSE2:
+        # Stage 2 folded in: the last program of the row to finish (per-row arrival counter, zeroed by
+        # the wrapper) reduces the row.  The barrier orders every thread's partial stores before the
+        # release of the counter; the acquire makes all other programs' partials visible, and the
+        # finisher reads them from L2 (.cg), never from a possibly stale L1 line.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if arrived == NC - 1:
+            _finish_row(probs_ptr, row_stride, seed_ptr, pos_ptr, greedy_ptr, part_score_ptr, part_idx_ptr,
+                        out_p_ptr, out_idx_ptr, V, col_base, NC, row, HAS_GREEDY, NC_POW2, BLOCK // FIN_BLOCK,
+                        FIN_BLOCK, True)
 
 
 @triton.jit
@@ -438,7 +569,7 @@ def _stage1_multi_kernel(
 
 
 @triton.jit
-def _stage2_kernel(
+def _finish_row(
     probs_ptr,
     row_stride,
     seed_ptr,
@@ -451,17 +582,23 @@ def _stage2_kernel(
     V,
     col_base,
     NC,
+    row,
     HAS_GREEDY: tl.constexpr,
     NC_POW2: tl.constexpr,
     TILES: tl.constexpr,
     BLOCK: tl.constexpr,
+    CG: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    """Stage 2 for one row: reduce the chunk partials, rescan pending chunks, write idx and p."""
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
     cidx = tl.arange(0, NC_POW2)
     valid = cidx < NC
-    sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
-    ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3)
+    if CG:
+        sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"), cache_modifier=".cg")
+        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3, cache_modifier=".cg")
+    else:
+        sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
+        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3)
     resolved = valid & (ix >= 0)
     nan_idx = tl.min(tl.where(resolved & (sc != sc), ix, _INT_MAX), 0)  # greedy rows report NaN chunks
     ok = resolved & (sc == sc)
@@ -482,7 +619,7 @@ def _stage2_kernel(
             c = tl.min(tl.where(pend, cidx, _INT_MAX), 0)
             pend = pend & (cidx != c)
             n -= 1
-            for t in tl.static_range(TILES):
+            for t in range(TILES):  # a runtime loop: cold path, keep the code small
                 s, i = _exact_chunk(row_ptr, h_row, col_base, c * (TILES * BLOCK) + t * BLOCK, V, greedy, BLOCK)
                 if s != s:
                     nan_idx = tl.minimum(nan_idx, i)
@@ -495,25 +632,53 @@ def _stage2_kernel(
     tl.store(out_p_ptr + row, tl.load(row_ptr + idx))
 
 
-# (max B*V/163840, (BLOCK, num_warps, TILES)): first row whose bound is >= the launch's size wins.
+
+@triton.jit
+def _stage2_kernel(
+    probs_ptr,
+    row_stride,
+    seed_ptr,
+    pos_ptr,
+    greedy_ptr,
+    part_score_ptr,
+    part_idx_ptr,
+    out_p_ptr,
+    out_idx_ptr,
+    V,
+    col_base,
+    NC,
+    HAS_GREEDY: tl.constexpr,
+    NC_POW2: tl.constexpr,
+    TILES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    _finish_row(probs_ptr, row_stride, seed_ptr, pos_ptr, greedy_ptr, part_score_ptr, part_idx_ptr, out_p_ptr,
+                out_idx_ptr, V, col_base, NC, tl.program_id(0), HAS_GREEDY, NC_POW2, TILES, BLOCK, False)
+
+
+# (max B*V/163840, (BLOCK, num_warps, TILES, maxnreg or 0)): first row whose bound is >= the launch's size wins.
 # Tuned on an H200 (CUDA-graph replay, V=163840, B in 1..256): one 4-warp tile per program was best at
 # every batch size (multi-tile programs were 5-15% slower).
 _LAUNCH_TABLE = [
-    (2.83, (1024, 4, 1)),
-    (16.0, (2048, 4, 1)),
-    (float("inf"), (4096, 4, 1)),
+    (2.83, (1024, 4, 1, 0)),
+    (16.0, (2048, 4, 1, 0)),
+    (float("inf"), (4096, 4, 1, 0)),
 ]
+
+
+def _launch_entry(batch: int, vocab: int) -> Tuple[int, int, int, int]:
+    size = batch * vocab / 163840
+    for bound, cfg in _LAUNCH_TABLE:
+        if size <= bound:
+            return cfg
+    return _LAUNCH_TABLE[-1][1]
 
 
 def launch_config(batch: int, vocab: int) -> Tuple[int, int, int]:
     """(BLOCK, num_warps, TILES) for a compiled launch (one program per TILES*BLOCK columns of one
     row): enough programs to fill the GPU at small batch, longer chunks at large batch.  Tuned on an
     H200 with CUDA-graph replays (scripts/bench_sampler.py)."""
-    size = batch * vocab / 163840
-    for bound, cfg in _LAUNCH_TABLE:
-        if size <= bound:
-            return cfg
-    return _LAUNCH_TABLE[-1][1]
+    return _launch_entry(batch, vocab)[:3]
 
 
 def _validate(probs, sampling_seed, positions, draft_step, greedy) -> None:
@@ -604,12 +769,31 @@ def seeded_draft_sample(
     replays.  ``draft_step`` and the shapes are fixed at capture.  Never synchronises with the host.
     """
     _validate(probs, sampling_seed, positions, draft_step, greedy)
+    return _launch(probs, sampling_seed, positions, int(draft_step), greedy, block_size, num_warps, tiles, VARIANT)
+
+
+#: Code-path selection of the single-tile stage 1 (all variants compute the same tokens; they differ in
+#: speed only): ``e2`` 0/1: float32 -log2(u) approximation (bound 2**-16 / 2**-12.7, candidate margin
+#: 2**-11 / 2**-10); ``cand`` 0/1: candidate count + first index by two reductions / one packed sum;
+#: ``hash`` 0/1: finalizer with the length word folded into the first xor-shift; ``fuse`` 0/1: separate
+#: stage-2 launch / stage 2 done by the last program of each row (atomic arrival counter).
+VARIANT = dict(e2=0, cand=0, hash=0, fuse=0)
+
+
+def _launch(probs, sampling_seed, positions, draft_step, greedy, block_size=None, num_warps=None, tiles=None,
+            variant=None, maxnreg=None):
+    """Launch on validated inputs (benchmarks and tests call it to compare code paths)."""
+    var = dict(VARIANT, **(variant or {}))
     B, V = probs.shape
     out_p = torch.empty((B, 1), dtype=torch.float32, device=probs.device)
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    block, warps, ntiles = launch_config(B, V)
+    block, warps, ntiles, nreg = _launch_entry(B, V)
+    if maxnreg is not None:
+        nreg = int(maxnreg)
+    # register cap (ptxas maxnreg): more resident programs per SM; not an interpreter option
+    opts = {"maxnreg": nreg} if nreg and not INTERPRETED else {}
     if INTERPRETED:
         # the interpreter executes each program in NumPy: fewer, wider programs are much faster
         block = max(1024, min(8192, triton.next_power_of_2(V)))
@@ -633,11 +817,21 @@ def seeded_draft_sample(
     g = greedy.reshape(-1).contiguous() if greedy is not None else seeds  # dummy pointer when absent
     col_base = int(draft_step) * V
     fast = probs.device.type == "cuda" and not INTERPRETED
+    fuse = ntiles == 1 and bool(var["fuse"])
+    nc_pow2 = max(16, triton.next_power_of_2(nc))
     if ntiles == 1:
+        if bool(var["cand"]) and block > 8192:
+            raise ValueError(f"the packed candidate sum needs block_size <= 8192, got {block}")
+        # per-row arrival counters of the fused stage 2 (O(B)); a dummy pointer otherwise
+        cnt = torch.zeros((B,), dtype=torch.int32, device=probs.device) if fuse else part_idx
         _stage1_kernel[(B, nc)](
-            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
-            HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, num_warps=warps,
+            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, cnt, out_p, out_idx, V, col_base, nc,
+            HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, E2V=int(var["e2"]), CANDV=int(var["cand"]),
+            HASHV=int(var["hash"]), FUSE2=int(fuse), NC_POW2=nc_pow2, FIN_BLOCK=min(block, 512), num_warps=warps,
+            **opts,
         )
+        if fuse:
+            return out_p, out_idx
     else:
         _stage1_multi_kernel[(B, nc)](
             probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
@@ -645,7 +839,6 @@ def seeded_draft_sample(
         )
     _stage2_kernel[(B,)](
         probs, probs.stride(0), seeds, pos, g, part_score, part_idx, out_p, out_idx, V, col_base, nc,
-        HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), TILES=ntiles, BLOCK=block,
-        num_warps=4,
+        HAS_GREEDY=greedy is not None, NC_POW2=nc_pow2, TILES=ntiles, BLOCK=block, num_warps=4,
     )
     return out_p, out_idx

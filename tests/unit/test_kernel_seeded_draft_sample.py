@@ -264,3 +264,128 @@ def test_gpu_padded_zero_rows_are_cheap_and_return_zero():
     pos = torch.arange(64, device="cuda")
     _, i = kernel_sample(probs, seeds, pos, 1)
     assert int(i.abs().sum()) == 0
+
+
+# ------------------------------------------------------------------------------ opt-in code-path variants
+# ``seeded_draft_sample.VARIANT`` selects code paths of the single-tile stage 1 that must all return the
+# same tokens (they exist to be timed against each other on a GPU: scripts/bench_kernel_variants.py).
+# Each is checked here against the reference on the shapes that reach its special branches.
+import sys as _sys  # noqa: E402
+
+# the module (the package re-exports the function under the module's name)
+_SDS = _sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
+VARIANTS = {
+    "e2": dict(e2=1, cand=0, hash=0, fuse=0),
+    "cand": dict(e2=0, cand=1, hash=0, fuse=0),
+    "hash": dict(e2=0, cand=0, hash=1, fuse=0),
+    "fuse": dict(e2=0, cand=0, hash=0, fuse=1),
+    "e2hc": dict(e2=1, cand=1, hash=1, fuse=0),
+    "e2hcf": dict(e2=1, cand=1, hash=1, fuse=1),
+}
+
+
+def _check_variant(variant, probs, seeds, pos, step=0, greedy=None, **kw):
+    p_k, i_k = _SDS._launch(probs, seeds, pos, step, greedy, variant=variant, **kw)
+    p_r, i_r = _ref(probs, seeds, pos, step, greedy)
+    assert torch.equal(i_k.cpu(), i_r), (variant, i_k.flatten().tolist(), i_r.flatten().tolist())
+    assert torch.equal(p_k.cpu(), p_r) or torch.equal(torch.isnan(p_k.cpu()), torch.isnan(p_r))
+    return i_k
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variants_match_reference(name):
+    v = VARIANTS[name]
+    # several chunks per row with a partial last one; top-k truncation leaves all-zero chunks
+    probs, seeds, pos = _inputs(3, 3001, seed=31, kind="topk")
+    _check_variant(v, probs, seeds, pos, 2, block_size=256)
+    # tiny blocks: many chunks (the fused arrival counter counts to NC = 17), many candidates per row
+    probs, seeds, pos = _inputs(4, 257, seed=32)
+    _check_variant(v, probs, seeds, pos, 5, block_size=16)
+    # flat rows (every p equal) and int32 positions on a strided view, greedy rows mixed in
+    B, S, V = 4, 2, 1500
+    probs, seeds, pos = _inputs(B * S, V, seed=33, kind="flat")
+    view = probs.view(B, S, V)[:, 1]
+    greedy = torch.tensor([False, True, False, True], device=view.device)
+    _check_variant(v, view, seeds[:B], (pos[:B] % 2**31).to(torch.int32), 1, greedy=greedy, block_size=512)
+
+
+@pytest.mark.parametrize("name", ["e2hc", "e2hcf", "fuse"])
+def test_variants_degenerate_rows_and_pending_rescans(name):
+    """NaN/inf/negative/subnormal rows leave pending chunks; with fuse=1 the last program of the row
+    rescans them in FIN_BLOCK (512) sub-tiles of a 1024-column chunk."""
+    V = 3000
+    probs, seeds, pos = _inputs(9, V, seed=34)
+    probs[0].zero_()
+    probs[1, 1700] = float("nan")
+    probs[1, 2900] = float("nan")
+    probs[2].zero_()
+    probs[2, 2222] = 1e-45
+    probs[3] = torch.rand(V).to(probs.device) * 1e-30
+    probs[4, 1234] = float("inf")
+    probs[5, :50] = -0.0
+    probs[5, 60] = -1.0
+    probs[6] = -torch.rand(V).to(probs.device)
+    probs[7, :] = 0.0
+    probs[7, -1] = 0.25
+    for block in (1024, 128):
+        i = _check_variant(VARIANTS[name], probs, seeds, pos, 3, block_size=block)
+        assert i[0, 0] == 0 and i[1, 0] == 1700 and i[2, 0] == 2222 and i[4, 0] == 1234 and i[7, 0] == V - 1
+        greedy = torch.ones(9, dtype=torch.bool, device=probs.device)
+        _check_variant(VARIANTS[name], probs, seeds, pos, 3, greedy=greedy, block_size=block)
+
+
+@pytest.mark.parametrize("name", ["e2", "cand", "e2hcf"])
+def test_variants_near_ties_take_the_multi_candidate_path(name):
+    """Two tokens within an ulp of each other in one tile: the packed candidate sum sees two candidates
+    and falls back to recomputing the tile and re-scoring every candidate in index order."""
+    V = 2048
+    probs, seeds, pos = _inputs(4, V, seed=35)
+    probs.mul_(1e-6)
+    sc = reference.draft_scores(torch.ones(4, V), seeds.cpu(), pos.cpu(), 0)
+    for r, (i, j) in enumerate([(10, 11), (300, 301), (7, 200), (1000, 1003)]):
+        pi = torch.tensor(0.5)
+        target = (pi.double() * sc[r, i] / sc[r, j]).float()
+        best, gap, cand = target, float("inf"), target
+        for _ in range(3):
+            cand = torch.nextafter(cand, torch.tensor(0.0))
+        for _ in range(7):
+            d = abs(float(sc[r, j] * cand.double() - sc[r, i] * pi.double()))
+            if d < gap:
+                best, gap = cand, d
+            cand = torch.nextafter(cand, torch.tensor(2.0))
+        probs[r, i] = pi
+        probs[r, j] = best
+    _check_variant(VARIANTS[name], probs, seeds, pos, 0, block_size=256)
+
+
+def test_packed_candidate_sum_block_limit():
+    probs, seeds, pos = _inputs(2, 100)
+    with pytest.raises(ValueError, match="block_size <= 8192"):
+        _SDS._launch(probs, seeds, pos, 0, None, block_size=16384, variant=VARIANTS["cand"])
+
+
+def test_cheap_neg_log2_u_bound_on_the_region_boundaries():
+    """The e2=1 float32 -log2(u) (interpreter: IEEE log2 in place of lg2.approx) against float64 on the
+    hash ranges where its argument construction changes: small h, the half-way point, the switch to the
+    series at h = 2**32 - 2**23, and the top.  The GPU's lg2.approx adds its own error on top (bound in
+    the module docstring, measured by scripts/bench_kernel_variants.py)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _e2_kernel(h_ptr, out_ptr, N, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < N
+        h = tl.load(h_ptr + offs, mask=m, other=0).to(tl.uint32)
+        tl.store(out_ptr + offs, _SDS._neg_log2_u_f32_v2(h, False), mask=m)
+
+    w = 1 << 14
+    starts = [0, 2**31 - w, 2**32 - 2**23 - w, 2**32 - 2 * w]
+    hs = torch.cat([torch.arange(s, s + 2 * w, dtype=torch.int64) for s in starts]
+                   + [torch.randint(0, 2**32, (1 << 15,), generator=torch.Generator().manual_seed(3))])
+    h32 = torch.where(hs >= 2**31, hs - 2**32, hs).to(torch.int32).to(DEV)  # same bits; the kernel reads uint32
+    out = torch.empty(hs.numel(), dtype=torch.float32, device=h32.device)
+    _e2_kernel[(triton.cdiv(hs.numel(), 4096),)](h32, out, hs.numel(), BLOCK=4096)
+    e64 = -torch.log2((hs.double() + 0.5) / 2**32)
+    rel = ((out.cpu().double() - e64).abs() / e64).max().item()
+    assert rel < 2.0**-15, rel

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Compare code-path variants of the fused seeded draft sampler in ONE GPU process (no SGLang needed).
+
+    PYTHONPATH=$PWD python scripts/bench_kernel_variants.py --out DIR [--rows 50000] [--quick]
+
+For every candidate configuration (``sglang_detspec.kernels.seeded_draft_sample.VARIANT`` switches plus
+launch overrides) and the committed default ("base"):
+1. the float32 ``-log2(u)`` approximations of both ``e2`` modes over ALL 2**32 hash values (max relative
+   error vs float64; the proof in the kernel's docstring needs < 2**-16 for e2=0 and < 2**-12 for e2=1);
+2. parity: token indices vs a GPU float64 torch implementation of upstream's stream
+   (:func:`sglang_detspec.benchmark.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
+   (dense at three temperatures, top-k truncated, flat, peaked; V = 163840 and 151936; random int64 seeds,
+   positions up to 2**40, draft steps 0..7; int32 positions, strided row views, 10% greedy rows), small
+   batches (every launch-table row), degenerate rows and constructed near-tie rows; one reference
+   computation per input batch is shared by all configurations;
+3. CUDA-graph replay timing (``benchmark.graph_time_us``: median per call, 10 calls per graph) at
+   B in {1, 128, 256}, V = 163840.
+Prints one table and writes ``DIR/variants.json`` (rewritten after every stage, so a time-out keeps
+what was measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton interpreter (small shapes)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from sglang_detspec import benchmark  # noqa: E402
+from sglang_detspec.kernels.seeded_draft_sample import _neg_log2_u_f32, _neg_log2_u_f32_v2  # noqa: E402
+
+sdsm = sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
+SMOKE = "--smoke" in sys.argv
+DEV = torch.device("cpu" if SMOKE else "cuda")
+PAR_V = (4099, 3001) if SMOKE else (163840, 151936)  # parity vocabularies
+PAR_B = 16 if SMOKE else 1024  # parity rows per batch
+
+# name -> (variant switches, (block, warps, maxnreg) override used when B >= 32, or None: the launch table)
+_B, _C, _CF = dict(e2=0, cand=0, hash=0, fuse=0), dict(e2=1, cand=1, hash=1, fuse=0), dict(e2=1, cand=1, hash=1, fuse=1)
+CONFIGS = {
+    "base": (_B, None),
+    "base_r96": (_B, (4096, 4, 96)),
+    "e2h": (dict(e2=1, cand=0, hash=1, fuse=0), None),
+    "e2hc": (_C, None),
+    "e2hc_r128": (_C, (4096, 4, 128)),
+    "e2hc_r96": (_C, (4096, 4, 96)),
+    "e2hc_w8": (_C, (4096, 8, 0)),
+    "e2hc_b2k": (_C, (2048, 4, 0)),
+    "e2hc_8kw8": (_C, (8192, 8, 0)),
+    "e2hcf": (_CF, None),
+    "e2hcf_r128": (_CF, (4096, 4, 128)),
+    "e2hcf_w8": (_CF, (4096, 8, 0)),
+    "e2hcf_b2k": (_CF, (2048, 4, 0)),
+}
+
+
+def _launch_fn(name):
+    variant, over = CONFIGS[name]
+
+    def fn(probs, seeds, pos, step, greedy=None):
+        if over is not None and probs.shape[0] >= 32:
+            b, w, r = over
+            return sdsm._launch(probs, seeds, pos, step, greedy, b, w, None, variant, r or None)
+        return sdsm._launch(probs, seeds, pos, step, greedy, None, None, None, variant)
+
+    return fn
+
+
+@triton.jit
+def _e2_err_kernel(out_ptr, PER_PROG: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr):
+    pid = tl.program_id(0)
+    worst = tl.zeros([BLOCK], dtype=tl.float64)
+    base = pid.to(tl.int64) * PER_PROG
+    for t in range(0, PER_PROG, BLOCK):
+        hv = (base + t + tl.arange(0, BLOCK)).to(tl.uint32)
+        if MODE == 1:
+            e32 = _neg_log2_u_f32_v2(hv, True).to(tl.float64)
+        else:
+            e32 = _neg_log2_u_f32(hv, True).to(tl.float64)
+        u = (hv.to(tl.float64) + 0.5) * 2.3283064365386963e-10
+        e64 = -tl.log(u) * 1.4426950408889634
+        worst = tl.maximum(worst, tl.abs(e32 - e64) / e64)
+    tl.store(out_ptr + pid, tl.max(worst, 0))
+
+
+def e2_bounds():
+    res = {}
+    for mode in (0, 1):
+        per, blk = 1 << 16, 1024
+        out = torch.empty((1 << 32) // per, dtype=torch.float64, device=DEV)
+        _e2_err_kernel[(out.numel(),)](out, PER_PROG=per, BLOCK=blk, MODE=mode)
+        torch.cuda.synchronize()
+        w = float(out.max())
+        res[f"e2={mode}"] = dict(max_rel_err=w, log2=round(math.log2(w), 3), worst_block=int(out.argmax()) * per)
+    return res
+
+
+def _rand_probs(kind, B, V, temp, g):
+    if kind == "flat":
+        return torch.full((B, V), 1.0 / V, device=DEV)
+    logits = torch.randn(B, V, device=DEV, generator=g) * 4.0
+    if kind == "peaked":
+        logits[:, 0] += 25.0
+    if kind.startswith("topk"):
+        k = int(kind[4:])
+        thr = logits.topk(k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < thr, float("-inf"))
+    return torch.softmax(logits / temp, dim=-1)
+
+
+def _reference(probs, seeds, pos, step, greedy):
+    if SMOKE:
+        from sglang_detspec import reference
+
+        return reference.seeded_draft_sample(probs, seeds, pos, step, greedy=greedy)[1]
+    _, iu = benchmark.upstream_seeded_fast_sample(probs, seeds, pos.to(torch.int64), step)
+    if greedy is not None:
+        iu = torch.where(greedy.view(-1, 1), probs.argmax(-1, keepdim=True), iu)
+    return iu
+
+
+def _batches(total_rows, g):
+    """Yield (tag, probs, seeds, pos, step, greedy) batches."""
+    kinds = ["dense", "dense", "topk1000", "topk50", "flat", "peaked"]
+    temps = [0.3, 1.0, 3.0]
+    rows = n = 0
+    while rows < total_rows:
+        V = PAR_V[n % 2]
+        kind = kinds[(n // 2) % len(kinds)]
+        temp = temps[n % 3]
+        B = PAR_B
+        step = n % 8
+        seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
+        pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
+        variant = n % 4
+        if variant == 1:
+            pos = (pos % (2**31)).to(torch.int32)
+        if variant == 2:
+            buf = torch.zeros(B, 3, V, device=DEV)
+            buf[:, 1] = _rand_probs(kind, B, V, temp, g)
+            probs = buf[:, 1]
+        else:
+            probs = _rand_probs(kind, B, V, temp, g)
+        greedy = (torch.rand(B, device=DEV, generator=g) < 0.1) if variant == 3 else None
+        yield f"{kind}/T{temp}/V{V}", probs, seeds, pos, step, greedy
+        rows += B
+        n += 1
+    # small batches: every launch-table row (and a partial last chunk for 151936)
+    for B in (1, 2, 3, 8, 17, 64):
+        for V in PAR_V:
+            probs = _rand_probs("dense", B, V, 1.0, g)
+            seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
+            pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
+            yield f"small/B{B}/V{V}", probs, seeds, pos, B % 5, None
+    # degenerate rows
+    V, B = PAR_V[0], 16
+    probs = torch.softmax(torch.randn(B, V, device=DEV, generator=g) * 3, -1)
+    probs[0].zero_()
+    probs[1, 777] = float("nan")
+    probs[1, V // 2] = float("nan")
+    probs[2].zero_()
+    probs[2, V // 13] = 1e-45
+    probs[3].zero_()
+    probs[3, 5] = 1e-40
+    probs[3, V - 3] = 2e-40
+    probs[4] = torch.rand(V, device=DEV, generator=g) * 1e-30
+    probs[5, V // 7] = float("inf")
+    probs[6, :100] = -0.0
+    probs[7, 10] = -1.0
+    probs[8, :] = 0.0
+    probs[8, -1] = 0.5
+    probs[9] = 1.0 / V
+    probs[10, V // 2:] = 0
+    seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
+    pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
+    yield "degenerate", probs, seeds, pos, 3, None
+    yield "degenerate/greedy", probs, seeds, pos, 3, torch.arange(B, device=DEV) % 2 == 0
+
+
+def _upstream_scores(probs, seeds, pos, step):
+    from sglang_detspec import keys, reference
+
+    if SMOKE:
+        return reference.draft_scores(probs, seeds, pos, step)
+
+    V = probs.shape[1]
+    cols = torch.arange(step * V, step * V + V, dtype=torch.int64, device=DEV)
+    h = benchmark.upstream_murmur_hash32((seeds + keys.DRAFT_SEED_SALT).to(torch.uint64), pos.to(torch.uint64), cols)
+    s = h.to(torch.float64)
+    s.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
+    return s.mul_(probs)
+
+
+def _near_tie_batches(n_batches, g):
+    """Rows whose top two float64 scores are within a few float32 ulp (same tile, same chunk, far apart)."""
+    V, B = PAR_V[0], PAR_B
+    for it in range(n_batches):
+        seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
+        pos = torch.randint(0, 2**32, (B,), device=DEV, dtype=torch.int64, generator=g)
+        step = it % 4
+        sc = _upstream_scores(torch.ones(B, V, device=DEV), seeds, pos, step)
+        i = torch.randint(0, V // 2, (B,), device=DEV, generator=g)
+        sep = (torch.tensor([1024, 2048, 1, 7, 8192 + 3, 70001], device=DEV) % (V // 2))[torch.arange(B, device=DEV) % 6]
+        j = i + sep
+        ri = sc.gather(1, i[:, None]).squeeze(1)
+        rj = sc.gather(1, j[:, None]).squeeze(1)
+        del sc
+        pi = torch.full((B,), 0.3, device=DEV)
+        target = (pi.double() * ri / rj).float()
+        best_pj = target.clone()
+        best_gap = torch.full((B,), float("inf"), device=DEV, dtype=torch.float64)
+        s_i = ri * pi.double()
+        cand = target.clone()
+        for _ in range(4):
+            cand = torch.nextafter(cand, torch.zeros_like(cand))
+        for _ in range(9):
+            gap = (rj * cand.double() - s_i).abs()
+            better = gap < best_gap
+            best_pj = torch.where(better, cand, best_pj)
+            best_gap = torch.where(better, gap, best_gap)
+            cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
+        nudge = torch.arange(B, device=DEV) % 3
+        best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
+        best_pj = torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
+        probs = torch.rand(B, V, device=DEV, generator=g) * 1e-7
+        probs.scatter_(1, i[:, None], pi[:, None])
+        probs.scatter_(1, j[:, None], best_pj[:, None])
+        yield "near-tie", probs, seeds, pos, step, None
+
+
+def parity(names, total_rows, near_tie_batches, log):
+    g = torch.Generator(device=DEV).manual_seed(4321)
+    fns = {n: _launch_fn(n) for n in names}
+    mism = {n: 0 for n in names}
+    errors = {}
+    detail = {n: {} for n in names}
+    rows = 0
+    t0 = time.time()
+    gens = [_batches(total_rows, g), _near_tie_batches(near_tie_batches, g)]
+    for gen in gens:
+        for tag, probs, seeds, pos, step, greedy in gen:
+            ref = _reference(probs, seeds, pos, step, greedy)
+            B = probs.shape[0]
+            rows += B
+            for n in names:
+                if n in errors:
+                    continue
+                try:
+                    _, ik = fns[n](probs, seeds, pos, step, greedy)
+                    mm = int((ik != ref).sum())
+                except Exception as e:  # a broken candidate must not stop the others
+                    errors[n] = f"{type(e).__name__}: {e}"
+                    log(f"  {n}: ERROR {errors[n][:300]}")
+                    continue
+                mism[n] += mm
+                if mm:
+                    key = tag.split("/")[0]
+                    detail[n][key] = detail[n].get(key, 0) + mm
+            del probs, ref
+    log(f"  parity: {rows} rows in {time.time() - t0:.1f}s")
+    return dict(rows=rows, mismatches=mism, errors=errors, detail=detail)
+
+
+def timing(names, batches, vocab, log, save):
+    """Median per-call us under CUDA-graph replay; "base" is timed again at the end of each batch size
+    (``base@end``) to show the drift between the first and the last measurement."""
+    out = {n: {} for n in list(names) + ["base@end"]}
+    for B in batches:
+        probs, seeds, pos = benchmark.make_inputs(B, vocab, DEV)
+        for n in list(names) + (["base@end"] if "base" in names else []):
+            fn = _launch_fn(n.split("@")[0])
+            try:
+                t = benchmark.graph_time_us(fn, (probs, seeds, pos, 1), 10, 60)
+                out[n][B] = round(statistics.median(t), 3)
+            except Exception as e:
+                out[n][B] = f"ERROR {type(e).__name__}: {str(e)[:200]}"
+            log(f"  timing B={B} {n}: {out[n][B]}")
+        del probs, seeds, pos
+        save()
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/variants"))
+    ap.add_argument("--rows", type=int, default=49152)
+    ap.add_argument("--near-tie-batches", type=int, default=4)
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--smoke", action="store_true", help="CPU dry run of the parity path (interpreter)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    res = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+               default_variant=dict(sdsm.VARIANT), launch_table=sdsm._LAUNCH_TABLE,
+               configs={k: [v[0], v[1]] for k, v in CONFIGS.items()})
+
+    def log(m):
+        print(m, flush=True)
+
+    def save():
+        (args.out / "variants.json").write_text(json.dumps(res, indent=1, default=str))
+
+    t0 = time.time()
+    names = args.configs
+    if SMOKE:
+        res["parity"] = parity(names, args.rows, args.near_tie_batches, log)
+        log(json.dumps(res["parity"]))
+        save()
+        return 0 if all(v == 0 for v in res["parity"]["mismatches"].values()) and not res["parity"]["errors"] else 1
+    # timing first (the goal), then parity (the gate), then the exhaustive E2 bound
+    res["copy_bw_gbs"] = round(benchmark.copy_bandwidth_gbs(DEV, nbytes=1 << 28), 1)
+    res["timing_us"] = {}
+    res["timing_us"] = timing(names, (128, 1, 256), 163840, log, save)
+    save()
+    log(f"[{time.time() - t0:.0f}s] timing done")
+    res["parity"] = parity(names, args.rows, args.near_tie_batches, log)
+    save()
+    log(f"[{time.time() - t0:.0f}s] parity done")
+    try:
+        res["e2_bound"] = e2_bounds()
+    except Exception:
+        res["e2_bound"] = traceback.format_exc()[-800:]
+    save()
+    log(f"[{time.time() - t0:.0f}s] e2 bound: {res['e2_bound']}")
+    log(f"copy bandwidth {res['copy_bw_gbs']} GB/s; parity rows {res['parity']['rows']}")
+    log(f"{'config':<11} {'B=1 us':>9} {'B=128 us':>9} {'B=256 us':>9} {'mismatch':>8}  notes")
+    for n in list(names) + ["base@end"]:
+        t = res["timing_us"].get(n, {})
+        cells = [f"{t[b]:>9.2f}" if isinstance(t.get(b), float) else f"{str(t.get(b))[:9]:>9}" for b in (1, 128, 256)]
+        mm = res["parity"]["mismatches"].get(n.split("@")[0], "")
+        err = res["parity"]["errors"].get(n, "")
+        det = res["parity"]["detail"].get(n, "") if n in res["parity"]["detail"] else ""
+        log(f"{n:<11} {' '.join(cells)} {mm!s:>8}  {det or ''} {err[:120]}")
+    ok = [n for n in names if res["parity"]["mismatches"].get(n) == 0 and n not in res["parity"]["errors"]
+          and isinstance(res["timing_us"][n].get(128), float)]
+    if ok:
+        best = min(ok, key=lambda n: res["timing_us"][n][128])
+        res["best_b128"] = best
+        log(f"fastest bit-exact at B=128: {best} {res['timing_us'][best]}")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
