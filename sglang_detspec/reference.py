@@ -109,15 +109,25 @@ def draft_scores(
     return scores.mul_(probs)
 
 
-def _validate(probs, sampling_seed, positions, draft_step, greedy):
+def validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy) -> None:
+    """The input contract shared by this reference and the Triton kernel (which adds its layout and device
+    checks): actionable ``ValueError``s instead of a wrong stream or an error deep inside a kernel launch."""
     if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
         raise ValueError(f"probs must be a 2-D [batch, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
     if probs.dtype != torch.float32:
-        raise ValueError(f"probs must be float32 (the dtype upstream's softmax hands to fast_sample), got {probs.dtype}")
-    if sampling_seed.dtype != torch.int64:
-        raise ValueError(f"sampling_seed must be int64 (SamplingBatchInfo.sampling_seed), got {sampling_seed.dtype}")
-    if positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"positions must be int32 or int64, got {positions.dtype}")
+        raise ValueError(
+            f"probs must be float32 (what upstream's sampling softmax produces), got {probs.dtype}; "
+            "cast with probs.float() before sampling"
+        )
+    if not isinstance(sampling_seed, torch.Tensor) or sampling_seed.dtype != torch.int64:
+        raise ValueError(
+            f"sampling_seed must be an int64 tensor (SamplingBatchInfo.sampling_seed), got "
+            f"{getattr(sampling_seed, 'dtype', type(sampling_seed))}"
+        )
+    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"positions must be an int32 or int64 tensor, got {getattr(positions, 'dtype', type(positions))}"
+        )
     if sampling_seed.shape != positions.shape:
         raise ValueError(
             f"sampling_seed and positions must have matching shapes, got {tuple(sampling_seed.shape)} and "
@@ -126,14 +136,18 @@ def _validate(probs, sampling_seed, positions, draft_step, greedy):
     if sampling_seed.numel() != probs.shape[0]:
         raise ValueError(
             f"sampling_seed must have one value per probability row, got {sampling_seed.numel()} seeds for "
-            f"{probs.shape[0]} rows"
+            f"{probs.shape[0]} rows (slice graph buffers to the live batch: seeds[:bs])"
         )
-    if greedy is not None and (greedy.dtype != torch.bool or greedy.numel() != probs.shape[0]):
-        raise ValueError(
-            f"greedy must be a bool tensor with one entry per row, got dtype {greedy.dtype} and "
-            f"{greedy.numel()} entries for {probs.shape[0]} rows"
-        )
-    keys.check_draft_step(draft_step, probs.shape[1])
+    if greedy is not None:
+        if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool or greedy.numel() != probs.shape[0]:
+            raise ValueError(
+                f"greedy must be a bool tensor with one entry per row (e.g. top_ks[:bs] <= 1), got "
+                f"{getattr(greedy, 'dtype', type(greedy))} with {getattr(greedy, 'numel', lambda: '?')()} "
+                f"entries for {probs.shape[0]} rows"
+            )
+    if isinstance(draft_step, torch.Tensor) or int(draft_step) != draft_step:
+        raise ValueError(f"draft_step must be a Python int (it is baked into CUDA graphs), got {draft_step!r}")
+    keys.check_draft_step(int(draft_step), probs.shape[1])
 
 
 def seeded_draft_sample(
@@ -150,7 +164,7 @@ def seeded_draft_sample(
     rows where ``greedy`` is True return ``probs.argmax(-1)`` (upstream's ``top_ks <= 1`` override).
     Rows with NaN return the first NaN index and all-zero rows return token 0 (``torch.argmax``).
     """
-    _validate(probs, sampling_seed, positions, draft_step, greedy)
+    validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
     scores = draft_scores(probs, sampling_seed, positions, draft_step)
     idx = scores.argmax(dim=-1, keepdim=True)
     if greedy is not None:

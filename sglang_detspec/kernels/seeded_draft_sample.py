@@ -107,7 +107,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import keys
+from ..reference import validate_draft_sample_inputs
 
 __all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
 
@@ -170,7 +170,7 @@ def _col_hash(h_row, col, HASHV: tl.constexpr):
 def _row_prefix(seed_ptr, pos_ptr, row):
     """Murmur state after the three row-constant words (salted seed lo, hi; position)."""
     seed = tl.load(seed_ptr + row).to(tl.int64)
-    # seed + SALT with int64 wrap-around, done on 32-bit halves with an explicit carry so that no
+    # seed + keys.DRAFT_SEED_SALT (low half 0x545F0000, high half 0x44524146) with int64 wrap-around, done on 32-bit halves with an explicit carry so that no
     # intermediate overflows (the interpreter's NumPy scalars would warn; the arithmetic is the same).
     lo = (seed & 0xFFFFFFFF) + 0x545F0000
     hi = ((seed >> 32) & 0xFFFFFFFF) + 0x44524146 + (lo >> 32)
@@ -682,47 +682,13 @@ def launch_config(batch: int, vocab: int) -> Tuple[int, int, int]:
 
 
 def _validate(probs, sampling_seed, positions, draft_step, greedy) -> None:
-    if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
-        raise ValueError(f"probs must be a 2-D [batch, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
-    if probs.dtype != torch.float32:
-        raise ValueError(
-            f"probs must be float32 (what upstream's sampling softmax produces), got {probs.dtype}; "
-            "cast with probs.float() before sampling"
-        )
+    validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
+    # The kernel addresses a row as base + row * stride(0) + column: only the vocab dimension must be dense.
     if probs.shape[1] > 1 and probs.stride(1) != 1:
         raise ValueError(
             f"probs must be contiguous in its last (vocab) dimension, got strides {tuple(probs.stride())}; "
             "row views such as draft_probs[:bs, step] are fine, a transposed tensor is not (use .contiguous())"
         )
-    if not isinstance(sampling_seed, torch.Tensor) or sampling_seed.dtype != torch.int64:
-        raise ValueError(
-            f"sampling_seed must be an int64 tensor (SamplingBatchInfo.sampling_seed), got "
-            f"{getattr(sampling_seed, 'dtype', type(sampling_seed))}"
-        )
-    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"positions must be an int32 or int64 tensor, got {getattr(positions, 'dtype', type(positions))}"
-        )
-    if sampling_seed.shape != positions.shape:
-        raise ValueError(
-            f"sampling_seed and positions must have matching shapes, got {tuple(sampling_seed.shape)} and "
-            f"{tuple(positions.shape)}"
-        )
-    if sampling_seed.numel() != probs.shape[0]:
-        raise ValueError(
-            f"sampling_seed must have one value per probability row, got {sampling_seed.numel()} seeds for "
-            f"{probs.shape[0]} rows (slice graph buffers to the live batch: seeds[:bs])"
-        )
-    if greedy is not None:
-        if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool or greedy.numel() != probs.shape[0]:
-            raise ValueError(
-                f"greedy must be a bool tensor with one entry per row (e.g. top_ks[:bs] <= 1), got "
-                f"{getattr(greedy, 'dtype', type(greedy))} with {getattr(greedy, 'numel', lambda: '?')()} "
-                f"entries for {probs.shape[0]} rows"
-            )
-    if isinstance(draft_step, torch.Tensor) or int(draft_step) != draft_step:
-        raise ValueError(f"draft_step must be a Python int (it is baked into CUDA graphs), got {draft_step!r}")
-    keys.check_draft_step(int(draft_step), probs.shape[1])
     dev = probs.device
     for name, t in (("sampling_seed", sampling_seed), ("positions", positions), ("greedy", greedy)):
         if t is not None and t.device != dev:
