@@ -37,10 +37,9 @@ if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton int
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from sglang_detspec import benchmark  # noqa: E402
-from sglang_detspec.kernels.seeded_draft_sample import _neg_log2_u_f32, _neg_log2_u_f32_v2  # noqa: E402
+from gpu_kernel_checks import _e2_error_kernel, _rand_probs  # noqa: E402  (this script's folder is on sys.path)
 
 sdsm = sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
 SMOKE = "--smoke" in sys.argv
@@ -79,46 +78,16 @@ def _launch_fn(name):
     return fn
 
 
-@triton.jit
-def _e2_err_kernel(out_ptr, PER_PROG: tl.constexpr, BLOCK: tl.constexpr, MODE: tl.constexpr):
-    pid = tl.program_id(0)
-    worst = tl.zeros([BLOCK], dtype=tl.float64)
-    base = pid.to(tl.int64) * PER_PROG
-    for t in range(0, PER_PROG, BLOCK):
-        hv = (base + t + tl.arange(0, BLOCK)).to(tl.uint32)
-        if MODE == 1:
-            e32 = _neg_log2_u_f32_v2(hv, True).to(tl.float64)
-        else:
-            e32 = _neg_log2_u_f32(hv, True).to(tl.float64)
-        u = (hv.to(tl.float64) + 0.5) * 2.3283064365386963e-10
-        e64 = -tl.log(u) * 1.4426950408889634
-        worst = tl.maximum(worst, tl.abs(e32 - e64) / e64)
-    tl.store(out_ptr + pid, tl.max(worst, 0))
-
-
 def e2_bounds():
     res = {}
     for mode in (0, 1):
         per, blk = 1 << 16, 1024
         out = torch.empty((1 << 32) // per, dtype=torch.float64, device=DEV)
-        _e2_err_kernel[(out.numel(),)](out, PER_PROG=per, BLOCK=blk, MODE=mode)
+        _e2_error_kernel[(out.numel(),)](out, PER_PROG=per, BLOCK=blk, MODE=mode)
         torch.cuda.synchronize()
         w = float(out.max())
         res[f"e2={mode}"] = dict(max_rel_err=w, log2=round(math.log2(w), 3), worst_block=int(out.argmax()) * per)
     return res
-
-
-def _rand_probs(kind, B, V, temp, g):
-    if kind == "flat":
-        return torch.full((B, V), 1.0 / V, device=DEV)
-    logits = torch.randn(B, V, device=DEV, generator=g) * 4.0
-    if kind == "peaked":
-        logits[:, 0] += 25.0
-    if kind.startswith("topk"):
-        k = int(kind[4:])
-        thr = logits.topk(k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < thr, float("-inf"))
-    return torch.softmax(logits / temp, dim=-1)
 
 
 def _reference(probs, seeds, pos, step, greedy):
@@ -150,10 +119,10 @@ def _batches(total_rows, g):
             pos = (pos % (2**31)).to(torch.int32)
         if variant == 2:
             buf = torch.zeros(B, 3, V, device=DEV)
-            buf[:, 1] = _rand_probs(kind, B, V, temp, g)
+            buf[:, 1] = _rand_probs(kind, B, V, temp, g, device=DEV)
             probs = buf[:, 1]
         else:
-            probs = _rand_probs(kind, B, V, temp, g)
+            probs = _rand_probs(kind, B, V, temp, g, device=DEV)
         greedy = (torch.rand(B, device=DEV, generator=g) < 0.1) if variant == 3 else None
         yield f"{kind}/T{temp}/V{V}", probs, seeds, pos, step, greedy
         rows += B
@@ -161,7 +130,7 @@ def _batches(total_rows, g):
     # small batches: every launch-table row (and a partial last chunk for 151936)
     for B in (1, 2, 3, 8, 17, 64):
         for V in PAR_V:
-            probs = _rand_probs("dense", B, V, 1.0, g)
+            probs = _rand_probs("dense", B, V, 1.0, g, device=DEV)
             seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
             pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
             yield f"small/B{B}/V{V}", probs, seeds, pos, B % 5, None

@@ -110,10 +110,10 @@ def check_score_bound(n: int = 1 << 26) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- 2
-def _rand_probs(kind: str, B: int, V: int, temp: float, g) -> torch.Tensor:
+def _rand_probs(kind: str, B: int, V: int, temp: float, g, device: torch.device = DEV) -> torch.Tensor:
     if kind == "flat":
-        return torch.full((B, V), 1.0 / V, device=DEV)
-    logits = torch.randn(B, V, device=DEV, generator=g) * 4.0
+        return torch.full((B, V), 1.0 / V, device=device)
+    logits = torch.randn(B, V, device=device, generator=g) * 4.0
     if kind == "peaked":
         logits[:, 0] += 25.0
     if kind.startswith("topk"):
@@ -354,7 +354,6 @@ def check_statistics(n: int) -> list:
     V = 16
     p = torch.full((V,), 1.0 / V, device=DEV)
     table = torch.zeros(V, V, dtype=torch.float64, device=DEV)
-    r_num = 0.0
     xs_all, ys_all = [], []
     for _ in range(n // 500_000):
         seeds = torch.randint(-(2**63), 2**63 - 1, (500_000,), device=DEV, dtype=torch.int64, generator=g)
