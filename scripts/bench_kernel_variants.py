@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from sglang_detspec import benchmark  # noqa: E402
-from gpu_kernel_checks import _e2_error_kernel, _rand_probs  # noqa: E402  (this script's folder is on sys.path)
+from gpu_kernel_checks import _e2_error_kernel, _rand_probs, tied_partner_prob  # noqa: E402  (this script's folder is on sys.path)
 
 sdsm = sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
 SMOKE = "--smoke" in sys.argv
@@ -188,22 +188,7 @@ def _near_tie_batches(n_batches, g):
         rj = sc.gather(1, j[:, None]).squeeze(1)
         del sc
         pi = torch.full((B,), 0.3, device=DEV)
-        target = (pi.double() * ri / rj).float()
-        best_pj = target.clone()
-        best_gap = torch.full((B,), float("inf"), device=DEV, dtype=torch.float64)
-        s_i = ri * pi.double()
-        cand = target.clone()
-        for _ in range(4):
-            cand = torch.nextafter(cand, torch.zeros_like(cand))
-        for _ in range(9):
-            gap = (rj * cand.double() - s_i).abs()
-            better = gap < best_gap
-            best_pj = torch.where(better, cand, best_pj)
-            best_gap = torch.where(better, gap, best_gap)
-            cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
-        nudge = torch.arange(B, device=DEV) % 3
-        best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
-        best_pj = torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
+        best_pj = tied_partner_prob(ri, rj, pi)
         probs = torch.rand(B, V, device=DEV, generator=g) * 1e-7
         probs.scatter_(1, i[:, None], pi[:, None])
         probs.scatter_(1, j[:, None], best_pj[:, None])

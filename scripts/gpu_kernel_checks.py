@@ -185,6 +185,28 @@ def _upstream_scores(probs, seeds, pos, step):
     return s.mul_(probs)
 
 
+def tied_partner_prob(ri: torch.Tensor, rj: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """float32 p_j whose float64 score rj * p_j ties token i's score ri * p_i as closely as float32 allows (the
+    best of the 9 ulps around the exact ratio), then nudged one ulp down in a third of the rows and one ulp up in
+    another third, so the winner flips around the tie. ``ri``/``rj`` are the 1/-log(u) factors of the two tokens."""
+    target = (pi.double() * ri / rj).float()  # p_j making the scores (nearly) equal
+    best_pj = target.clone()
+    best_gap = torch.full_like(ri, float("inf"), dtype=torch.float64)
+    s_i = ri * pi.double()
+    cand = target.clone()
+    for _ in range(4):
+        cand = torch.nextafter(cand, torch.zeros_like(cand))
+    for _ in range(9):
+        gap = (rj * cand.double() - s_i).abs()
+        better = gap < best_gap
+        best_pj = torch.where(better, cand, best_pj)
+        best_gap = torch.where(better, gap, best_gap)
+        cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
+    nudge = torch.arange(ri.shape[0], device=ri.device) % 3
+    best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
+    return torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
+
+
 def check_near_ties(n_rows: int, log) -> dict:
     """Rows whose top two float64 scores are within a few float32 ulp of p, same tile / chunk or apart.
 
@@ -209,23 +231,7 @@ def check_near_ties(n_rows: int, log) -> dict:
         ri = sc.gather(1, i[:, None]).squeeze(1)
         rj = sc.gather(1, j[:, None]).squeeze(1)
         pi = torch.full((B,), 0.3, device=DEV)
-        target = (pi.double() * ri / rj).float()  # p_j making the scores (nearly) equal
-        best_pj = target.clone()
-        best_gap = torch.full((B,), float("inf"), device=DEV, dtype=torch.float64)
-        s_i = ri * pi.double()
-        cand = target.clone()
-        for _ in range(4):
-            cand = torch.nextafter(cand, torch.zeros_like(cand))
-        for _ in range(9):
-            gap = (rj * cand.double() - s_i).abs()
-            better = gap < best_gap
-            best_pj = torch.where(better, cand, best_pj)
-            best_gap = torch.where(better, gap, best_gap)
-            cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
-        # half the rows: nudge p_j one ulp down/up so the winner flips around the tie
-        nudge = torch.arange(B, device=DEV) % 3
-        best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
-        best_pj = torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
+        best_pj = tied_partner_prob(ri, rj, pi)
         probs = base
         probs.scatter_(1, i[:, None], pi[:, None])
         probs.scatter_(1, j[:, None], best_pj[:, None])
