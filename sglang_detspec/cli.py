@@ -147,6 +147,12 @@ class _Client:
     def close(self) -> None:
         self.session.close()
 
+    def _timed_out(self, path: str) -> CliError:
+        return CliError(
+            f"{self.url}{path} did not answer within {self.timeout[1]:g} s (--timeout); the server is busy, stuck, "
+            "or compiling kernels for a new kind of batch: its log says which"
+        )
+
     def request(self, method: str, path: str, **kwargs):
         requests = self._requests
         try:
@@ -157,13 +163,13 @@ class _Client:
             # A read timeout wrapped by urllib3's retry arrives here as a ConnectionError too.
             reason = _root_cause(e)
             if "Read timed out" in str(e):
-                raise CliError(f"{self.url}{path} did not answer within {self.timeout[1]:g} s (--timeout)") from e
+                raise self._timed_out(path) from e
             raise ServerUnreachable(
                 f"cannot connect to {self.url}: {reason} (is the server running? "
                 f"`{PROG} serve` starts one)"
             ) from e
         except requests.exceptions.Timeout as e:
-            raise CliError(f"{self.url}{path} did not answer within {self.timeout[1]:g} s (--timeout)") from e
+            raise self._timed_out(path) from e
         except requests.exceptions.RequestException as e:
             raise CliError(f"request to {self.url}{path} failed: {_root_cause(e)}") from e
 
@@ -384,17 +390,50 @@ def _avg_accept_length(data: dict) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _still_starting(client: _Client) -> bool:
+    """True while ``/health`` answers HTTP 503.
+
+    SGLang (0.5.17 and 0.5.23) answers ``/server_info`` as soon as its HTTP server is up, but ``/health``
+    with 503 until its own warm-up request (greedy, "The capital city of France is") has finished, or
+    when it is unhealthy.  Probes must not start before: they would share batches with that greedy
+    request, and on SGLang 0.5.17 a verify batch mixing greedy and sampled rows calls flashinfer's
+    ``top_k_renorm_probs``, which JIT-compiles for minutes (or fails) where flashinfer has no prebuilt
+    kernels -- on the H200 this made the first probe time out.  Any other answer (200, or 404 from a
+    build or proxy without the endpoint) counts as ready.
+    """
+    return client.request("GET", "/health").status_code == 503
+
+
 def _wait_for_server(client: _Client, wait_s: float) -> ServerInfo:
     import time
 
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return fetch_server_info(client)
+            info = fetch_server_info(client)
+            if not _still_starting(client):
+                return info
+            if time.monotonic() >= deadline:
+                raise CliError(
+                    f"{client.url}/health still answers HTTP 503 after --wait {wait_s:g} s: the server has not "
+                    "finished its warm-up, or reports itself unhealthy (see its log)"
+                )
         except ServerUnreachable:
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+
+
+def _connect(client: _Client, wait_s: float) -> ServerInfo:
+    if wait_s > 0:
+        return _wait_for_server(client, wait_s)
+    info = fetch_server_info(client)
+    if _still_starting(client):
+        raise CliError(
+            f"{client.url}/health answers HTTP 503: the server is still starting (its warm-up request has not "
+            "finished) or reports itself unhealthy; retry with --wait SECONDS"
+        )
+    return info
 
 
 def _payload(text: str, *, temperature: float, max_new_tokens: int, seed: int) -> dict:
@@ -547,7 +586,7 @@ def run_check(
 
     client = _Client(url, timeout=timeout, api_key=api_key, pool_size=max_fillers + 2)
     try:
-        server = _wait_for_server(client, wait) if wait > 0 else fetch_server_info(client)
+        server = _connect(client, wait)
         warnings = []
         if server.deterministic_inference is False:
             warnings.append(

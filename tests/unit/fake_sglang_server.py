@@ -5,6 +5,8 @@ It speaks the two endpoints the checker uses, shaped like SGLang 0.5.17/0.5.23's
 * ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved server arguments at top level
   (``model_path``, ``speculative_algorithm``, ``enable_deterministic_inference``), ``version``, and
   ``internal_states[i]["avg_spec_accept_length"]``;
+* ``GET /health``: 503 for the first ``starting_health_polls`` calls (SGLang answers 503 until its own
+  warm-up request has finished), then 200; 404 with ``health=False`` (a build or proxy without it);
 * ``POST /generate``: ``{"text", "output_ids", "meta_info": {"completion_tokens", "spec_verify_ct",
   "spec_accept_length", ...}}``, or ``{"error": {"message": ...}}`` with HTTP 400 for a malformed request.
 
@@ -64,6 +66,8 @@ class FakeSGLang:
         version: str = "0.5.23",
         accept_length: float = 2.0,
         port: int = 0,
+        starting_health_polls: int = 0,
+        health: bool = True,
     ):
         self.mode = mode
         self.output_ids = output_ids
@@ -75,6 +79,10 @@ class FakeSGLang:
         self.version = version
         self.accept_length = accept_length
         self.port = port
+        self.starting_health_polls = starting_health_polls
+        self.health = health
+        # (monotonic time, path, status) of every /health and /generate request, in arrival order
+        self.events: list[tuple[float, str, int]] = []
         self.lock = threading.Lock()
         self.generate_requests: list[dict] = []
         self.responses: list[dict] = []
@@ -145,7 +153,15 @@ class FakeSGLang:
             with self.lock:
                 self.info_requests.append(h.path)
             return self._send(h, 200, self._server_info())
+        if method == "GET" and h.path == "/health" and self.health:
+            with self.lock:
+                starting = sum(1 for _, path, _ in self.events if path == "/health") < self.starting_health_polls
+                code = 503 if starting else 200
+                self.events.append((time.monotonic(), "/health", code))
+            return self._send(h, code, b"", "text/plain")
         if method == "POST" and h.path == "/generate":
+            with self.lock:
+                self.events.append((time.monotonic(), "/generate", 0))
             return self._generate(h, raw)
         return self._send(h, 404, {"detail": "Not Found"})
 

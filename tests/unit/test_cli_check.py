@@ -146,6 +146,46 @@ def test_wait_for_a_server_that_is_still_starting():
     assert "PASS" in out
 
 
+def test_waits_for_the_servers_own_warmup_before_probing():
+    # SGLang answers /server_info before its warm-up request has finished and /health with 503 until then;
+    # probing earlier mixed the probe with the greedy warm-up batch (a multi-minute kernel JIT on the H200).
+    with FakeSGLang("deterministic", starting_health_polls=3) as fake:
+        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--wait", "30", "--no-progress")
+        events = list(fake.events)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    health = [code for _, path, code in events if path == "/health"]
+    assert health[:3] == [503, 503, 503] and 200 in health
+    first_generate = next(i for i, (_, path, _) in enumerate(events) if path == "/generate")
+    last_503 = max(i for i, (_, path, code) in enumerate(events) if code == 503)
+    assert first_generate > last_503
+
+
+def test_starting_server_without_wait_is_one_clear_line():
+    with FakeSGLang("deterministic", starting_health_polls=1000) as fake:
+        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
+        generated = [e for e in fake.events if e[1] == "/generate"]
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "/health answers HTTP 503" in lines[0] and "--wait" in lines[0]
+    assert not generated
+
+
+def test_wait_gives_up_on_a_server_that_never_finishes_warming_up():
+    with FakeSGLang("deterministic", starting_health_polls=1000) as fake:
+        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--wait", "1", "--no-progress")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "still answers HTTP 503 after --wait 1 s" in lines[0], proc.stderr
+
+
+def test_a_server_without_a_health_endpoint_is_checked():
+    with FakeSGLang("deterministic", health=False) as fake:
+        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS" in proc.stdout
+
+
 def test_warns_when_deterministic_inference_is_off():
     with FakeSGLang("deterministic", deterministic_flag=False, speculative_algorithm=None) as fake:
         proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
