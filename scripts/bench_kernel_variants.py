@@ -48,21 +48,17 @@ PAR_V = (4099, 3001) if SMOKE else (163840, 151936)  # parity vocabularies
 PAR_B = 16 if SMOKE else 1024  # parity rows per batch
 
 # name -> (variant switches, (block, warps, maxnreg) override used when B >= 32, or None: the launch table)
-_B, _C, _CF = dict(e2=0, cand=0, hash=0, fuse=0), dict(e2=1, cand=1, hash=1, fuse=0), dict(e2=1, cand=1, hash=1, fuse=1)
+_B, _EH = dict(e2=0, hash=0, defer=0), dict(e2=1, hash=1, defer=0)
+_D, _EHD = dict(e2=0, hash=0, defer=1), dict(e2=1, hash=1, defer=1)
 CONFIGS = {
     "base": (_B, None),
-    "base_r96": (_B, (4096, 4, 96)),
-    "e2h": (dict(e2=1, cand=0, hash=1, fuse=0), None),
-    "e2hc": (_C, None),
-    "e2hc_r128": (_C, (4096, 4, 128)),
-    "e2hc_r96": (_C, (4096, 4, 96)),
-    "e2hc_w8": (_C, (4096, 8, 0)),
-    "e2hc_b2k": (_C, (2048, 4, 0)),
-    "e2hc_8kw8": (_C, (8192, 8, 0)),
-    "e2hcf": (_CF, None),
-    "e2hcf_r128": (_CF, (4096, 4, 128)),
-    "e2hcf_w8": (_CF, (4096, 8, 0)),
-    "e2hcf_b2k": (_CF, (2048, 4, 0)),
+    "e2h": (_EH, None),
+    "defer": (_D, None),
+    "e2hd": (_EHD, None),
+    "defer_b2k": (_D, (2048, 4, 0)),
+    "e2hd_b2k": (_EHD, (2048, 4, 0)),
+    "e2hd_r128": (_EHD, (4096, 4, 128)),
+    "e2hd_b2k_r96": (_EHD, (2048, 4, 96)),
 }
 
 

@@ -64,11 +64,16 @@ Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot 
 ``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
 compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
 
-Opt-in code paths (``VARIANT``; all off by default, none yet timed on a GPU)
----------------------------------------------------------------------------
+Opt-in code paths (``VARIANT``; all off by default)
+---------------------------------------------------
 They return the same tokens (CPU tests compare each with the reference) and exist to be timed against
 the default in one GPU process: ``scripts/bench_kernel_variants.py`` (parity on ~50k rows + near-ties,
-CUDA-graph timings, exhaustive E2 error).  Switch the default only on such a measurement.
+CUDA-graph timings, exhaustive E2 error).  Switch the default only on such a measurement.  H200,
+CUDA-graph replay, V=163840, B=128 (2026-12-02): default 46.0 us, ``e2=1, hash=1`` 44.5 us; two earlier
+paths lost and were removed (a packed candidate sum: 57.4 us; stage 2 folded into stage 1 behind an
+atomic per-row arrival counter: no gain, worse with register caps).  A stripped stage 1 on the same
+inputs located the time: reading ``probs`` 20.5 us (the copy-bandwidth floor), + hash 20.9, + float32
+race 32.7, + candidate pass 38.6, + one serial float64 score per program 41.0.
   * ``hash=1``: the finalizer's length word folded into the first xor-shift ((h ^ 16) >> 16 == h >> 16).
   * ``e2=1``: a cheaper float32 ``E2`` with candidate margin ``2**-10`` instead of ``2**-11``:
     ``u = float(h) * 2**-32 + 2**-33`` for every hash (no half split), ``E2 = -lg2(u)``, except for the
@@ -83,19 +88,18 @@ CUDA-graph timings, exhaustive E2 error).  Switch the default only on such a mea
     With ``rcp.approx`` and the product, ``d <= 2**-12.7``; ``(1-d)(1-e)/((1+e)(1+d)) > 1 - 2**-11.6``
     stays above the ``1 - 2**-10`` threshold (the argument of the section above, margin changed).
     Measured on CPU with IEEE log2 in place of lg2.approx: max 2**-16.0 (at ``h = 2**32 - 2**23``).
-  * ``cand=1``: the candidate count and the single candidate's index from ONE integer sum (each
-    candidate adds ``2**17 + local index + 1``); two or more candidates recompute the tile (L2-hot) and
-    take the general loop; rare branches reload ``p`` instead of keeping it in registers.
-  * ``fuse=1``: no stage-2 launch: the last program of each row to arrive (an ``atomic_add`` on a
-    zeroed ``[B]`` int32 counter, acq_rel) reduces the row; pending rescans use 512-column sub-tiles.
+  * ``defer=1``: a chunk whose float32 filter leaves exactly one candidate (nearly all of them) reports
+    that index unscored (``_UNSCORED - idx``); stage 2 computes the float64 scores of a row's deferred
+    candidates together, one lane per chunk, with the same operations.  Stage-1 programs then end
+    without the serial float64 ``log`` (about 3 us of the B=128 time in the stripped measurement above).
+    Exactness is unchanged: a lone candidate is the chunk's exact maximum by the bound above.
 Static SASS (sm_90, ``cuobjdump``, BLOCK=4096, 4 warps; NOT a timing): default 152 registers; e2+hash
 128 registers and ~4 fewer instructions per element (the E2 sequence is 10 instead of ~15).
 
 CUDA graphs: capturable.  All inputs are read from device memory at replay time (update seeds,
 positions and ``greedy`` in place between replays); ``draft_step`` and the shapes are baked into
 the capture.  No host synchronisation; the only allocations are the two outputs and the
-``[B, cdiv(V, BLOCK)]`` float64 + int32 partials (60 KiB at B=128, V=163840, BLOCK=4096), and with
-``fuse=1`` a ``[B]`` int32 counter zeroed by a captured fill.
+``[B, cdiv(V, BLOCK)]`` float64 + int32 partials (60 KiB at B=128, V=163840, BLOCK=4096).
 """
 
 from __future__ import annotations
@@ -115,6 +119,11 @@ __all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _INT_MAX = tl.constexpr(2147483647)
+# Chunk partial index codes (stage 1 -> stage 2): >= 0 resolved (index, exact score); -1 low chunk (score = an
+# exact upper bound, rescanned only if it can win); -2 rescan exactly; <= _UNSCORED: the lone candidate
+# _UNSCORED - idx, whose exact score stage 2 computes; _NO_CHUNK pads the stage-2 vector past NC.
+_UNSCORED = tl.constexpr(-3)
+_NO_CHUNK = tl.constexpr(-2147483647)
 # Below this chunk maximum (in the rescaled float32 score), float32 underflow / flush-to-zero could hide
 # a subnormal-probability winner; such chunks are resolved lazily in stage 2.
 _LOW_SCORE = tl.constexpr(2.0**-80)
@@ -241,13 +250,20 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _exact_score_scalar(row_ptr, j, h_row, col_base):
-    """Upstream's float64 score for one token (scalar): (1 / -log((h + 0.5) / 2**32)) * p."""
-    p = tl.load(row_ptr + j).to(tl.float64)
-    h = _fmix32(_mix32(h_row, (col_base + j).to(tl.uint32)))
+def _exact_score_of(p, h_row, col):
+    """Upstream's float64 score ``(1 / -log((h + 0.5) / 2**32)) * p`` of the token(s) at key column(s)
+    ``col`` (scalar or vector; every exact score in this file goes through here, so equal inputs give
+    bit-equal scores whichever stage computes them)."""
+    h = _fmix32(_mix32(h_row, col.to(tl.uint32)))
     u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # both steps exact in float64
     r = 1.0 / (-tl.log(u))
-    return r * p
+    return r * p.to(tl.float64)
+
+
+@triton.jit
+def _exact_score(row_ptr, j, h_row, col_base):
+    """The exact score of one token (scalar ``j``)."""
+    return _exact_score_of(tl.load(row_ptr + j), h_row, col_base + j)
 
 
 @triton.jit
@@ -259,11 +275,8 @@ def _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, BLOCK: tl.constexpr):
     """
     offs = lo + tl.arange(0, BLOCK)
     mask = offs < V
-    p = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float64)
-    h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
-    u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
-    r = 1.0 / (-tl.log(u))
-    s = tl.where(greedy, p, r * p)
+    p = tl.load(row_ptr + offs, mask=mask, other=0.0)
+    s = tl.where(greedy, p.to(tl.float64), _exact_score_of(p, h_row, col_base + offs))
     isn = mask & (s != s)
     nan_i = tl.min(tl.where(isn, offs, _INT_MAX), 0)
     sm = tl.where(mask & (s == s), s, float("-inf"))
@@ -297,11 +310,9 @@ def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, 
 
 
 @triton.jit
-def _resolve_candidates(row_ptr, cand, offs, h_row, col_base):
-    """Exact float64 first-index maximum over the candidate elements (at least one), in index order."""
-    n = tl.sum(cand.to(tl.int32), 0)
-    j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
-    res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
+def _resolve_candidates(row_ptr, cand, n, j, offs, h_row, col_base):
+    """Exact float64 first-index maximum over the ``n >= 1`` candidate elements (``j`` the first), in index order."""
+    res_score = _exact_score(row_ptr, j, h_row, col_base)
     res_idx = j
     if n > 1:
         rest = cand & (offs != j)
@@ -310,7 +321,7 @@ def _resolve_candidates(row_ptr, cand, offs, h_row, col_base):
             j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
             rest = rest & (offs != j2)
             k -= 1
-            s64 = _exact_score_scalar(row_ptr, j2, h_row, col_base)
+            s64 = _exact_score(row_ptr, j2, h_row, col_base)
             # candidates come in increasing index order: strict > keeps the first index of a tie
             if s64 > res_score:
                 res_score = s64
@@ -327,9 +338,6 @@ def _stage1_kernel(
     greedy_ptr,
     part_score_ptr,
     part_idx_ptr,
-    cnt_ptr,
-    out_p_ptr,
-    out_idx_ptr,
     V,
     col_base,
     NC,
@@ -337,11 +345,8 @@ def _stage1_kernel(
     BLOCK: tl.constexpr,
     FAST: tl.constexpr,
     E2V: tl.constexpr,
-    CANDV: tl.constexpr,
     HASHV: tl.constexpr,
-    FUSE2: tl.constexpr,
-    NC_POW2: tl.constexpr,
-    FIN_BLOCK: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -381,25 +386,19 @@ def _stage1_kernel(
             thr = m * _CAND_REL_V2
         else:
             thr = m * _CAND_REL
-        if CANDV:
-            # One reduction instead of two: each candidate adds 2**17 + (local index + 1).  With
-            # BLOCK <= 8192 the sum stays below 2**31, a single candidate gives exactly 2**17 + idx + 1
-            # and two or more give >= 2**18, so S >> 17 == 1 iff there is exactly one candidate.
-            S = tl.sum(tl.where(s >= thr, tl.arange(0, BLOCK) + 131073, 0), 0)
-            if (S >> 17) == 1:
-                j = lo + (S & 0x1FFFF) - 1
-                res_score = _exact_score_scalar(row_ptr, j, h_row, col_base)
-                res_idx = j
+        cand = s >= thr
+        n = tl.sum(cand.to(tl.int32), 0)
+        j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+        if DEFER:
+            if n == 1:
+                # The lone candidate is the chunk's exact maximum: stage 2 scores it (vectorised over the
+                # row's chunks) instead of every program paying a serial float64 log at its tail.
+                res_idx = _UNSCORED - j
             else:
-                # Rare (about 2**-10 of the tiles): recompute the tile (L2-hot, same code, same values)
-                # instead of keeping masks and scores live in registers across the common path.
-                _, s2 = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST, E2V, HASHV)
-                res_score, res_idx = _resolve_candidates(row_ptr, s2 >= thr, offs, h_row, col_base)
+                res_score, res_idx = _resolve_candidates(row_ptr, cand, n, j, offs, h_row, col_base)
         else:
-            res_score, res_idx = _resolve_candidates(row_ptr, s >= thr, offs, h_row, col_base)
+            res_score, res_idx = _resolve_candidates(row_ptr, cand, n, j, offs, h_row, col_base)
     elif m == 0:
-        if CANDV:
-            p = tl.load(row_ptr + offs, mask=valid, other=0.0)  # reloaded: keeps p out of the hot path's registers
         pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
         if pmax == 0:
             # Every p is +-0.0 or negative (padded rows, truncated tails): every best score is exactly
@@ -415,8 +414,6 @@ def _stage1_kernel(
     elif (m > 0) & (m < _LOW_SCORE):
         # Every p below ~2**-77: float32 underflow / flush-to-zero could hide a subnormal winner.
         # Exact upper bound of the chunk's float64 scores: p_max * max(1/E) < p_max * 2**34.
-        if CANDV:
-            p = tl.load(row_ptr + offs, mask=valid, other=0.0)
         pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
         res_score = pmax.to(tl.float64) * 17179869184.0
         res_idx = -1
@@ -426,17 +423,6 @@ def _stage1_kernel(
     out = row * NC + c
     tl.store(part_score_ptr + out, res_score)
     tl.store(part_idx_ptr + out, res_idx)
-    if FUSE2:
-        # Stage 2 folded in: the last program of the row to finish (per-row arrival counter, zeroed by
-        # the wrapper) reduces the row.  The barrier orders every thread's partial stores before the
-        # release of the counter; the acquire makes all other programs' partials visible, and the
-        # finisher reads them from L2 (.cg), never from a possibly stale L1 line.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
-        if arrived == NC - 1:
-            _finish_row(probs_ptr, row_stride, seed_ptr, pos_ptr, greedy_ptr, part_score_ptr, part_idx_ptr,
-                        out_p_ptr, out_idx_ptr, V, col_base, NC, row, HAS_GREEDY, NC_POW2, BLOCK // FIN_BLOCK,
-                        FIN_BLOCK, True)
 
 
 @triton.jit
@@ -500,7 +486,7 @@ def _multi_chunk(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, 
                     j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
                     cand = cand & (offs != j)
                     n -= 1
-                    s64 = _exact_score_scalar(row_ptr, j, h_row, col_base)
+                    s64 = _exact_score(row_ptr, j, h_row, col_base)
                     if s64 > b64:  # tiles and candidates in increasing index order: first index wins
                         b64 = s64
                         bidx = j
@@ -569,7 +555,7 @@ def _stage1_multi_kernel(
 
 
 @triton.jit
-def _finish_row(
+def _stage2_kernel(
     probs_ptr,
     row_stride,
     seed_ptr,
@@ -582,23 +568,26 @@ def _finish_row(
     V,
     col_base,
     NC,
-    row,
     HAS_GREEDY: tl.constexpr,
     NC_POW2: tl.constexpr,
     TILES: tl.constexpr,
     BLOCK: tl.constexpr,
-    CG: tl.constexpr,
 ):
-    """Stage 2 for one row: reduce the chunk partials, rescan pending chunks, write idx and p."""
+    """One program per row: score deferred candidates, reduce the chunk partials, rescan pending chunks,
+    write idx and p."""
+    row = tl.program_id(0)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
     cidx = tl.arange(0, NC_POW2)
     valid = cidx < NC
-    if CG:
-        sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"), cache_modifier=".cg")
-        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3, cache_modifier=".cg")
-    else:
-        sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
-        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=-3)
+    sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
+    ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=_NO_CHUNK)
+    # Deferred lone candidates: the same float64 operations as stage 1's scalar path, one lane per chunk.
+    unscored = valid & (ix <= _UNSCORED)
+    j = tl.where(unscored, _UNSCORED - ix, 0)
+    p_j = tl.load(row_ptr + j, mask=unscored, other=0.0)
+    sc = tl.where(unscored, _exact_score_of(p_j, h_row, col_base + j), sc)
+    ix = tl.where(unscored, j, ix)
     resolved = valid & (ix >= 0)
     nan_idx = tl.min(tl.where(resolved & (sc != sc), ix, _INT_MAX), 0)  # greedy rows report NaN chunks
     ok = resolved & (sc == sc)
@@ -610,7 +599,6 @@ def _finish_row(
     pend = (valid & (ix == -2)) | (valid & (ix == -1) & (sc >= m))
     n = tl.sum(pend.to(tl.int32), 0)
     if n > 0:
-        h_row = _row_prefix(seed_ptr, pos_ptr, row)
         if HAS_GREEDY:
             greedy = tl.load(greedy_ptr + row) != 0
         else:
@@ -630,30 +618,6 @@ def _finish_row(
     idx = tl.where(nan_idx < _INT_MAX, nan_idx, best_idx)
     tl.store(out_idx_ptr + row, idx.to(tl.int64))
     tl.store(out_p_ptr + row, tl.load(row_ptr + idx))
-
-
-
-@triton.jit
-def _stage2_kernel(
-    probs_ptr,
-    row_stride,
-    seed_ptr,
-    pos_ptr,
-    greedy_ptr,
-    part_score_ptr,
-    part_idx_ptr,
-    out_p_ptr,
-    out_idx_ptr,
-    V,
-    col_base,
-    NC,
-    HAS_GREEDY: tl.constexpr,
-    NC_POW2: tl.constexpr,
-    TILES: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    _finish_row(probs_ptr, row_stride, seed_ptr, pos_ptr, greedy_ptr, part_score_ptr, part_idx_ptr, out_p_ptr,
-                out_idx_ptr, V, col_base, NC, tl.program_id(0), HAS_GREEDY, NC_POW2, TILES, BLOCK, False)
 
 
 # (max B*V/163840, (BLOCK, num_warps, TILES, maxnreg or 0)): first row whose bound is >= the launch's size wins.
@@ -740,10 +704,9 @@ def seeded_draft_sample(
 
 #: Code-path selection of the single-tile stage 1 (all variants compute the same tokens; they differ in
 #: speed only): ``e2`` 0/1: float32 -log2(u) approximation (bound 2**-16 / 2**-12.7, candidate margin
-#: 2**-11 / 2**-10); ``cand`` 0/1: candidate count + first index by two reductions / one packed sum;
-#: ``hash`` 0/1: finalizer with the length word folded into the first xor-shift; ``fuse`` 0/1: separate
-#: stage-2 launch / stage 2 done by the last program of each row (atomic arrival counter).
-VARIANT = dict(e2=0, cand=0, hash=0, fuse=0)
+#: 2**-11 / 2**-10); ``hash`` 0/1: finalizer with the length word folded into the first xor-shift;
+#: ``defer`` 0/1: a chunk's lone candidate scored in float64 by stage 1 / by stage 2 (module docstring).
+VARIANT = dict(e2=0, hash=0, defer=0)
 
 
 def _launch(probs, sampling_seed, positions, draft_step, greedy, block_size=None, num_warps=None, tiles=None,
@@ -783,21 +746,13 @@ def _launch(probs, sampling_seed, positions, draft_step, greedy, block_size=None
     g = greedy.reshape(-1).contiguous() if greedy is not None else seeds  # dummy pointer when absent
     col_base = int(draft_step) * V
     fast = probs.device.type == "cuda" and not INTERPRETED
-    fuse = ntiles == 1 and bool(var["fuse"])
     nc_pow2 = max(16, triton.next_power_of_2(nc))
     if ntiles == 1:
-        if bool(var["cand"]) and block > 8192:
-            raise ValueError(f"the packed candidate sum needs block_size <= 8192, got {block}")
-        # per-row arrival counters of the fused stage 2 (O(B)); a dummy pointer otherwise
-        cnt = torch.zeros((B,), dtype=torch.int32, device=probs.device) if fuse else part_idx
         _stage1_kernel[(B, nc)](
-            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, cnt, out_p, out_idx, V, col_base, nc,
-            HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, E2V=int(var["e2"]), CANDV=int(var["cand"]),
-            HASHV=int(var["hash"]), FUSE2=int(fuse), NC_POW2=nc_pow2, FIN_BLOCK=min(block, 512), num_warps=warps,
-            **opts,
+            probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,
+            HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, E2V=int(var["e2"]), HASHV=int(var["hash"]),
+            DEFER=int(var["defer"]), num_warps=warps, **opts,
         )
-        if fuse:
-            return out_p, out_idx
     else:
         _stage1_multi_kernel[(B, nc)](
             probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc,

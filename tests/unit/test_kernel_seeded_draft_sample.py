@@ -275,12 +275,11 @@ import sys as _sys  # noqa: E402
 # the module (the package re-exports the function under the module's name)
 _SDS = _sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
 VARIANTS = {
-    "e2": dict(e2=1, cand=0, hash=0, fuse=0),
-    "cand": dict(e2=0, cand=1, hash=0, fuse=0),
-    "hash": dict(e2=0, cand=0, hash=1, fuse=0),
-    "fuse": dict(e2=0, cand=0, hash=0, fuse=1),
-    "e2hc": dict(e2=1, cand=1, hash=1, fuse=0),
-    "e2hcf": dict(e2=1, cand=1, hash=1, fuse=1),
+    "base": dict(e2=0, hash=0, defer=0),
+    "e2": dict(e2=1, hash=0, defer=0),
+    "hash": dict(e2=0, hash=1, defer=0),
+    "defer": dict(e2=0, hash=0, defer=1),
+    "e2hd": dict(e2=1, hash=1, defer=1),
 }
 
 
@@ -298,7 +297,7 @@ def test_variants_match_reference(name):
     # several chunks per row with a partial last one; top-k truncation leaves all-zero chunks
     probs, seeds, pos = _inputs(3, 3001, seed=31, kind="topk")
     _check_variant(v, probs, seeds, pos, 2, block_size=256)
-    # tiny blocks: many chunks (the fused arrival counter counts to NC = 17), many candidates per row
+    # tiny blocks: many chunks (NC = 17 deferred candidates per row in stage 2), many candidates per row
     probs, seeds, pos = _inputs(4, 257, seed=32)
     _check_variant(v, probs, seeds, pos, 5, block_size=16)
     # flat rows (every p equal) and int32 positions on a strided view, greedy rows mixed in
@@ -309,10 +308,9 @@ def test_variants_match_reference(name):
     _check_variant(v, view, seeds[:B], (pos[:B] % 2**31).to(torch.int32), 1, greedy=greedy, block_size=512)
 
 
-@pytest.mark.parametrize("name", ["e2hc", "e2hcf", "fuse"])
+@pytest.mark.parametrize("name", ["base", "defer", "e2hd"])
 def test_variants_degenerate_rows_and_pending_rescans(name):
-    """NaN/inf/negative/subnormal rows leave pending chunks; with fuse=1 the last program of the row
-    rescans them in FIN_BLOCK (512) sub-tiles of a 1024-column chunk."""
+    """NaN/inf/negative/subnormal rows leave pending chunks (stage-2 rescans) next to deferred candidates."""
     V = 3000
     probs, seeds, pos = _inputs(9, V, seed=34)
     probs[0].zero_()
@@ -334,10 +332,10 @@ def test_variants_degenerate_rows_and_pending_rescans(name):
         _check_variant(VARIANTS[name], probs, seeds, pos, 3, greedy=greedy, block_size=block)
 
 
-@pytest.mark.parametrize("name", ["e2", "cand", "e2hcf"])
+@pytest.mark.parametrize("name", ["e2", "defer", "e2hd"])
 def test_variants_near_ties_take_the_multi_candidate_path(name):
-    """Two tokens within an ulp of each other in one tile: the packed candidate sum sees two candidates
-    and falls back to recomputing the tile and re-scoring every candidate in index order."""
+    """Two tokens within an ulp of each other in one tile: two candidates, so even with defer=1 stage 1
+    re-scores every candidate in index order instead of deferring one."""
     V = 2048
     probs, seeds, pos = _inputs(4, V, seed=35)
     probs.mul_(1e-6)
@@ -356,12 +354,6 @@ def test_variants_near_ties_take_the_multi_candidate_path(name):
         probs[r, i] = pi
         probs[r, j] = best
     _check_variant(VARIANTS[name], probs, seeds, pos, 0, block_size=256)
-
-
-def test_packed_candidate_sum_block_limit():
-    probs, seeds, pos = _inputs(2, 100)
-    with pytest.raises(ValueError, match="block_size <= 8192"):
-        _SDS._launch(probs, seeds, pos, 0, None, block_size=16384, variant=VARIANTS["cand"])
 
 
 def test_cheap_neg_log2_u_bound_on_the_region_boundaries():
