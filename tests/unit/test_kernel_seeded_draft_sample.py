@@ -52,21 +52,20 @@ def _check(probs, seeds, pos, step=0, greedy=None, **kw):
 
 
 @pytest.mark.parametrize(
-    "B,V,step,kind,temp,block,tiles",
+    "B,V,step,kind,temp,block",
     [
-        (4, 1000, 0, "dense", 1.0, None, None),
-        (3, 3001, 2, "dense", 0.3, None, None),  # odd V, partial last chunk
-        (5, 2048, 1, "topk", 1.0, 256, 1),  # top-k truncated: all-zero chunks, several chunks per row
-        (5, 2048, 1, "topk", 1.0, 128, 4),  # the same with four tiles per program
-        (3, 1537, 7, "flat", 1.0, 512, 1),  # flat distribution: every p equal
-        (3, 1537, 6, "flat", 1.0, 128, 2),
-        (2, 4099, 0, "dense", 3.0, 1024, 2),
-        (6, 257, 5, "dense", 1.0, 16, 1),  # tiny blocks: many chunks, many candidates per row
+        (4, 1000, 0, "dense", 1.0, None),
+        (3, 3001, 2, "dense", 0.3, None),  # odd V, partial last chunk
+        (5, 2048, 1, "topk", 1.0, 256),  # top-k truncated: all-zero chunks, several chunks per row
+        (3, 1537, 7, "flat", 1.0, 512),  # flat distribution: every p equal (many candidates per chunk)
+        (3, 1537, 6, "flat", 1.0, 128),
+        (2, 4099, 0, "dense", 3.0, 1024),
+        (6, 257, 5, "dense", 1.0, 16),  # tiny blocks: 17 chunks, so 17 deferred candidates per row in stage 2
     ],
 )
-def test_kernel_matches_reference(B, V, step, kind, temp, block, tiles):
+def test_kernel_matches_reference(B, V, step, kind, temp, block):
     probs, seeds, pos = _inputs(B, V, seed=B * V + step, kind=kind, temp=temp)
-    _check(probs, seeds, pos, step, block_size=block, tiles=tiles)
+    _check(probs, seeds, pos, step, block_size=block)
 
 
 def test_strided_row_view_and_int32_positions():
@@ -108,11 +107,11 @@ def test_degenerate_rows_follow_torch_argmax():
     probs[7] = -torch.rand(V).to(DEV)  # only negatives
     probs[8, :] = 0.0
     probs[8, -1] = 0.25
-    for tiles in (1, 2):
-        i = _check(probs, seeds, pos, 3, block_size=128, tiles=tiles)
+    for block in (128, 1024):
+        i = _check(probs, seeds, pos, 3, block_size=block)
         assert i[0, 0] == 0 and i[1, 0] == 30 and i[2, 0] == 650 and i[5, 0] == 123 and i[8, 0] == V - 1
         greedy = torch.ones(10, dtype=torch.bool, device=DEV)
-        _check(probs, seeds, pos, 3, greedy=greedy, block_size=128, tiles=tiles)
+        _check(probs, seeds, pos, 3, greedy=greedy, block_size=block)
 
 
 def test_near_ties_go_to_the_first_index():
@@ -163,7 +162,7 @@ def test_replay_is_bitwise_identical_and_batch_invariant():
     assert torch.equal(d, a[1])
     e = kernel_sample(probs, seeds, pos, 4, block_size=256)[1]  # launch shape does not matter
     assert torch.equal(e, a[1])
-    f = kernel_sample(probs, seeds, pos, 4, block_size=128, tiles=4)[1]
+    f = kernel_sample(probs, seeds, pos, 4, block_size=16)[1]
     assert torch.equal(f, a[1])
 
 
@@ -204,8 +203,8 @@ def test_validation_errors():
         kernel_sample(probs, seeds, pos, greedy=torch.ones(3, device=probs.device))
     with pytest.raises(ValueError, match="Python int"):
         kernel_sample(probs, seeds, pos, torch.tensor(1))
-    with pytest.raises(ValueError, match="tiles"):
-        kernel_sample(probs, seeds, pos, tiles=3)
+    with pytest.raises(ValueError, match="power of two"):
+        kernel_sample(probs, seeds, pos, block_size=48)
 
 
 @pytest.mark.skipif(DEV != "cpu" or os.environ.get("TRITON_INTERPRET") == "1", reason="only meaningful without the interpreter on CPU")
@@ -266,76 +265,16 @@ def test_gpu_padded_zero_rows_are_cheap_and_return_zero():
     assert int(i.abs().sum()) == 0
 
 
-# ------------------------------------------------------------------------------ opt-in code-path variants
-# ``seeded_draft_sample.VARIANT`` selects code paths of the single-tile stage 1 that must all return the
-# same tokens (they exist to be timed against each other on a GPU: scripts/bench_kernel_variants.py).
-# Each is checked here against the reference on the shapes that reach its special branches.
+# ------------------------------------------------------------------------------ stage-1 paths
 import sys as _sys  # noqa: E402
 
 # the module (the package re-exports the function under the module's name)
 _SDS = _sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
-VARIANTS = {
-    "base": dict(e2=0, hash=0, defer=0),
-    "e2": dict(e2=1, hash=0, defer=0),
-    "hash": dict(e2=0, hash=1, defer=0),
-    "defer": dict(e2=0, hash=0, defer=1),
-    "e2hd": dict(e2=1, hash=1, defer=1),
-}
 
 
-def _check_variant(variant, probs, seeds, pos, step=0, greedy=None, **kw):
-    p_k, i_k = _SDS._launch(probs, seeds, pos, step, greedy, variant=variant, **kw)
-    p_r, i_r = _ref(probs, seeds, pos, step, greedy)
-    assert torch.equal(i_k.cpu(), i_r), (variant, i_k.flatten().tolist(), i_r.flatten().tolist())
-    assert torch.equal(p_k.cpu(), p_r) or torch.equal(torch.isnan(p_k.cpu()), torch.isnan(p_r))
-    return i_k
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_variants_match_reference(name):
-    v = VARIANTS[name]
-    # several chunks per row with a partial last one; top-k truncation leaves all-zero chunks
-    probs, seeds, pos = _inputs(3, 3001, seed=31, kind="topk")
-    _check_variant(v, probs, seeds, pos, 2, block_size=256)
-    # tiny blocks: many chunks (NC = 17 deferred candidates per row in stage 2), many candidates per row
-    probs, seeds, pos = _inputs(4, 257, seed=32)
-    _check_variant(v, probs, seeds, pos, 5, block_size=16)
-    # flat rows (every p equal) and int32 positions on a strided view, greedy rows mixed in
-    B, S, V = 4, 2, 1500
-    probs, seeds, pos = _inputs(B * S, V, seed=33, kind="flat")
-    view = probs.view(B, S, V)[:, 1]
-    greedy = torch.tensor([False, True, False, True], device=view.device)
-    _check_variant(v, view, seeds[:B], (pos[:B] % 2**31).to(torch.int32), 1, greedy=greedy, block_size=512)
-
-
-@pytest.mark.parametrize("name", ["base", "defer", "e2hd"])
-def test_variants_degenerate_rows_and_pending_rescans(name):
-    """NaN/inf/negative/subnormal rows leave pending chunks (stage-2 rescans) next to deferred candidates."""
-    V = 3000
-    probs, seeds, pos = _inputs(9, V, seed=34)
-    probs[0].zero_()
-    probs[1, 1700] = float("nan")
-    probs[1, 2900] = float("nan")
-    probs[2].zero_()
-    probs[2, 2222] = 1e-45
-    probs[3] = torch.rand(V).to(probs.device) * 1e-30
-    probs[4, 1234] = float("inf")
-    probs[5, :50] = -0.0
-    probs[5, 60] = -1.0
-    probs[6] = -torch.rand(V).to(probs.device)
-    probs[7, :] = 0.0
-    probs[7, -1] = 0.25
-    for block in (1024, 128):
-        i = _check_variant(VARIANTS[name], probs, seeds, pos, 3, block_size=block)
-        assert i[0, 0] == 0 and i[1, 0] == 1700 and i[2, 0] == 2222 and i[4, 0] == 1234 and i[7, 0] == V - 1
-        greedy = torch.ones(9, dtype=torch.bool, device=probs.device)
-        _check_variant(VARIANTS[name], probs, seeds, pos, 3, greedy=greedy, block_size=block)
-
-
-@pytest.mark.parametrize("name", ["e2", "defer", "e2hd"])
-def test_variants_near_ties_take_the_multi_candidate_path(name):
-    """Two tokens within an ulp of each other in one tile: two candidates, so even with defer=1 stage 1
-    re-scores every candidate in index order instead of deferring one."""
+def test_near_ties_in_one_chunk_take_the_multi_candidate_path():
+    """Two tokens within an ulp of each other in one chunk: two candidates, so stage 1 re-scores both in
+    index order instead of deferring one (the other chunks' lone candidates are deferred)."""
     V = 2048
     probs, seeds, pos = _inputs(4, V, seed=35)
     probs.mul_(1e-6)
@@ -353,14 +292,14 @@ def test_variants_near_ties_take_the_multi_candidate_path(name):
             cand = torch.nextafter(cand, torch.tensor(2.0))
         probs[r, i] = pi
         probs[r, j] = best
-    _check_variant(VARIANTS[name], probs, seeds, pos, 0, block_size=256)
+    _check(probs, seeds, pos, 0, block_size=256)
 
 
-def test_cheap_neg_log2_u_bound_on_the_region_boundaries():
-    """The e2=1 float32 -log2(u) (interpreter: IEEE log2 in place of lg2.approx) against float64 on the
+def test_neg_log2_u_bound_on_the_region_boundaries():
+    """The float32 -log2(u) (interpreter: IEEE log2 in place of lg2.approx) against float64 on the
     hash ranges where its argument construction changes: small h, the half-way point, the switch to the
     series at h = 2**32 - 2**23, and the top.  The GPU's lg2.approx adds its own error on top (bound in
-    the module docstring, measured by scripts/bench_kernel_variants.py)."""
+    the module docstring, measured over all 2**32 hashes by scripts/gpu_kernel_checks.py)."""
     import triton
     import triton.language as tl
 
@@ -369,7 +308,7 @@ def test_cheap_neg_log2_u_bound_on_the_region_boundaries():
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < N
         h = tl.load(h_ptr + offs, mask=m, other=0).to(tl.uint32)
-        tl.store(out_ptr + offs, _SDS._neg_log2_u_f32_v2(h, False), mask=m)
+        tl.store(out_ptr + offs, _SDS._neg_log2_u_f32(h, False), mask=m)
 
     w = 1 << 14
     starts = [0, 2**31 - w, 2**32 - 2**23 - w, 2**32 - 2 * w]
