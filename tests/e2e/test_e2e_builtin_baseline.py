@@ -8,6 +8,7 @@
   and serves it (its unique count is recorded).
 """
 
+import subprocess
 import sys
 
 import pytest
@@ -42,6 +43,16 @@ def test_builtin_eagle_rejection_sampling_changing_batch(e2e_pool):
     assert all(p["meta_info"]["completion_tokens"] == h.PROBE_MAX_NEW_TOKENS for p in probes)
     # Speculation must really have run for the baseline to mean anything.
     assert s["mean_accept_length"] is not None and s["mean_accept_length"] > 1.0
+    # The user's tool on the same server must agree with the measurement above: when the probe's output
+    # changed with the batch here, `sglang-detspec check` must fail (exit 1), not pass.
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--wait", "120", "--no-progress"],
+        capture_output=True, text=True, timeout=900,
+    )
+    h.record("builtin_eagle_rs_check_tool", {"returncode": proc.returncode, "stdout": proc.stdout[-1500:],
+                                             "stderr": proc.stderr[-800:]})
+    if s["unique_outputs"] > 1:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
     e2e_pool.release("builtin_eagle_rs")
 
 

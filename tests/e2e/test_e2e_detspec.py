@@ -8,6 +8,8 @@ in batches of changing size and composition; decode batches up to 8 replay CUDA 
 run eagerly. Numbers (unique counts, accept lengths) go to ``$DETSPEC_E2E_OUT/e2e_results.json``.
 """
 
+import json
+import subprocess
 import sys
 
 import pytest
@@ -141,6 +143,24 @@ class TestDetspecEagleCudaGraph:
         h.record(self.NAME + "_bad_requests", outcomes)
         for name, o in outcomes.items():
             assert o["status"] >= 400 or o.get("error"), f"{name} was accepted: {o}"
+
+    def test_7_check_tool_reports_one_output(self, srv, trials, tmp_path):
+        """The user's tool against the real plugin server: `sglang-detspec check` (a subprocess, as a user runs
+        it) must see one probe output across its own changing-batch trials and distinct outputs for distinct
+        seeds, and exit 0. Its negative control is the builtin-EAGLE baseline test (16 distinct outputs)."""
+        report = tmp_path / "check.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--seeds", "1,2,3",
+             "--wait", "120", "--report", str(report), "--no-progress"],
+            capture_output=True, text=True, timeout=900,
+        )
+        data = json.loads(report.read_text()) if report.exists() else {}
+        h.record(self.NAME + "_check_tool", {"returncode": proc.returncode, "stdout": proc.stdout[-1500:],
+                                              "stderr": proc.stderr[-800:],
+                                              "unique_outputs": data.get("unique_outputs"),
+                                              "probe_accept_length": data.get("probe_accept_length")})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert data["unique_outputs"] == 1 and data["seeds_check"]["passed"], data
 
 
 @pytest.mark.e2e_server("detspec_eagle_nograph")

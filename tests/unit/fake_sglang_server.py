@@ -81,8 +81,8 @@ class FakeSGLang:
         self.port = port
         self.starting_health_polls = starting_health_polls
         self.health = health
-        # (monotonic time, path, status) of every /health and /generate request, in arrival order
-        self.events: list[tuple[float, str, int]] = []
+        # (path, status) of every /health and /generate request, in arrival order (status 0: not yet answered)
+        self.events: list[tuple[str, int]] = []
         self.lock = threading.Lock()
         self.generate_requests: list[dict] = []
         self.responses: list[dict] = []
@@ -155,13 +155,13 @@ class FakeSGLang:
             return self._send(h, 200, self._server_info())
         if method == "GET" and h.path == "/health" and self.health:
             with self.lock:
-                starting = sum(1 for _, path, _ in self.events if path == "/health") < self.starting_health_polls
+                starting = sum(1 for path, _ in self.events if path == "/health") < self.starting_health_polls
                 code = 503 if starting else 200
-                self.events.append((time.monotonic(), "/health", code))
+                self.events.append(("/health", code))
             return self._send(h, code, b"", "text/plain")
         if method == "POST" and h.path == "/generate":
             with self.lock:
-                self.events.append((time.monotonic(), "/generate", 0))
+                self.events.append(("/generate", 0))
             return self._generate(h, raw)
         return self._send(h, 404, {"detail": "Not Found"})
 

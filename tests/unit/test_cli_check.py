@@ -153,17 +153,17 @@ def test_waits_for_the_servers_own_warmup_before_probing():
         proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--wait", "30", "--no-progress")
         events = list(fake.events)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    health = [code for _, path, code in events if path == "/health"]
+    health = [code for path, code in events if path == "/health"]
     assert health[:3] == [503, 503, 503] and 200 in health
-    first_generate = next(i for i, (_, path, _) in enumerate(events) if path == "/generate")
-    last_503 = max(i for i, (_, path, code) in enumerate(events) if code == 503)
+    first_generate = next(i for i, (path, _) in enumerate(events) if path == "/generate")
+    last_503 = max(i for i, (_, code) in enumerate(events) if code == 503)
     assert first_generate > last_503
 
 
 def test_starting_server_without_wait_is_one_clear_line():
     with FakeSGLang("deterministic", starting_health_polls=1000) as fake:
         proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--no-progress")
-        generated = [e for e in fake.events if e[1] == "/generate"]
+        generated = [e for e in fake.events if e[0] == "/generate"]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
