@@ -114,6 +114,23 @@ def test_degenerate_rows_follow_torch_argmax():
         _check(probs, seeds, pos, 3, greedy=greedy, block_size=block)
 
 
+def _plant_near_tie(probs, sc, r, i, j):
+    """Give row r's tokens i and j float64 scores within an ulp: p_i = 0.5 and the float32 p_j (among the
+    seven nearest to the exact tie) whose score ``sc * p`` is closest to token i's (``sc`` = 1/E per token)."""
+    pi = torch.tensor(0.5)
+    target = (pi.double() * sc[r, i] / sc[r, j]).float()
+    best, gap, cand = target, float("inf"), target
+    for _ in range(3):
+        cand = torch.nextafter(cand, torch.tensor(0.0))
+    for _ in range(7):
+        d = abs(float(sc[r, j] * cand.double() - sc[r, i] * pi.double()))
+        if d < gap:
+            best, gap = cand, d
+        cand = torch.nextafter(cand, torch.tensor(2.0))
+    probs[r, i] = pi
+    probs[r, j] = best
+
+
 def test_near_ties_go_to_the_first_index():
     """Two tokens with float64 scores equal or within an ulp, in the same lane / chunk or apart."""
     V = 2048
@@ -121,19 +138,7 @@ def test_near_ties_go_to_the_first_index():
     probs.mul_(1e-6)
     sc = reference.draft_scores(torch.ones(6, V), seeds.cpu(), pos.cpu(), 0)  # 1/E per token
     for r, (i, j) in enumerate([(3, 3 + 256), (10, 11), (5, 1500), (100, 100 + 512), (7, 2047), (0, 1024)]):
-        pi = torch.tensor(0.5)
-        target = (pi.double() * sc[r, i] / sc[r, j]).float()
-        best, gap = target, float("inf")
-        cand = target
-        for _ in range(3):
-            cand = torch.nextafter(cand, torch.tensor(0.0))
-        for _ in range(7):  # pick the float32 p_j whose float64 score is closest to token i's
-            d = abs(float(sc[r, j] * cand.double() - sc[r, i] * pi.double()))
-            if d < gap:
-                best, gap = cand, d
-            cand = torch.nextafter(cand, torch.tensor(2.0))
-        probs[r, i] = pi
-        probs[r, j] = best
+        _plant_near_tie(probs, sc, r, i, j)
     _check(probs, seeds, pos, 0, block_size=256)
 
 
@@ -280,18 +285,7 @@ def test_near_ties_in_one_chunk_take_the_multi_candidate_path():
     probs.mul_(1e-6)
     sc = reference.draft_scores(torch.ones(4, V), seeds.cpu(), pos.cpu(), 0)
     for r, (i, j) in enumerate([(10, 11), (300, 301), (7, 200), (1000, 1003)]):
-        pi = torch.tensor(0.5)
-        target = (pi.double() * sc[r, i] / sc[r, j]).float()
-        best, gap, cand = target, float("inf"), target
-        for _ in range(3):
-            cand = torch.nextafter(cand, torch.tensor(0.0))
-        for _ in range(7):
-            d = abs(float(sc[r, j] * cand.double() - sc[r, i] * pi.double()))
-            if d < gap:
-                best, gap = cand, d
-            cand = torch.nextafter(cand, torch.tensor(2.0))
-        probs[r, i] = pi
-        probs[r, j] = best
+        _plant_near_tie(probs, sc, r, i, j)
     _check(probs, seeds, pos, 0, block_size=256)
 
 
