@@ -53,9 +53,25 @@ CONFIGS = {
     "b2k_r96": (2048, 4, 96),
     "w8": (4096, 8, 0),
 }
+# name -> keyword arguments of scripts/experiments/stage1_loop.launch_loop (a loop-over-chunks stage 1 whose
+# loads are software-pipelined; programs_per_sm from the register counts of a CPU compile for sm_90:
+# 4096/2 stages 147 regs -> 3 CTAs per SM, 2048/3 stages 96 -> 5, 2048/4 stages 113 -> 4)
+EXPERIMENTS = {
+    "loop_s2": dict(block=4096, stages=2, programs_per_sm=3),
+    "loop_s3": dict(block=4096, stages=3, programs_per_sm=3),
+    "loop_b2k_s2": dict(block=2048, stages=2, programs_per_sm=5),
+    "loop_b2k_s3": dict(block=2048, stages=3, programs_per_sm=5),
+    "loop_b2k_s4": dict(block=2048, stages=4, programs_per_sm=4),
+}
 
 
 def _launch_fn(name):
+    if name in EXPERIMENTS:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+        import stage1_loop
+
+        kw = EXPERIMENTS[name]
+        return lambda probs, seeds, pos, step, greedy=None: stage1_loop.launch_loop(probs, seeds, pos, step, greedy, **kw)
     over = CONFIGS[name]
 
     def fn(probs, seeds, pos, step, greedy=None):
@@ -229,12 +245,13 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("results/variants"))
     ap.add_argument("--rows", type=int, default=49152)
     ap.add_argument("--near-tie-batches", type=int, default=4)
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS))
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS) + list(EXPERIMENTS),
+                    choices=list(CONFIGS) + list(EXPERIMENTS))
     ap.add_argument("--smoke", action="store_true", help="CPU dry run of the parity path (interpreter)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS)
+               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS, experiments=EXPERIMENTS)
 
     def log(m):
         print(m, flush=True)

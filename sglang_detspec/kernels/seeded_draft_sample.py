@@ -268,37 +268,11 @@ def _resolve_candidates(row_ptr, cand, n, j, offs, h_row, col_base):
 
 
 @triton.jit
-def _stage1_kernel(
-    probs_ptr,
-    row_stride,
-    seed_ptr,
-    pos_ptr,
-    greedy_ptr,
-    part_score_ptr,
-    part_idx_ptr,
-    V,
-    col_base,
-    NC,
-    HAS_GREEDY: tl.constexpr,
-    BLOCK: tl.constexpr,
-    FAST: tl.constexpr,
-):
-    row = tl.program_id(0)
-    c = tl.program_id(1)
-    row_ptr = probs_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
-    if HAS_GREEDY:
-        greedy = tl.load(greedy_ptr + row) != 0
-    else:
-        greedy = False
-    lo = c * BLOCK
+def _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK: tl.constexpr, FAST: tl.constexpr):
+    """Classify one chunk from its probabilities ``p`` and float32 scores ``s`` (``-inf`` past V) and return
+    its stage-2 partial ``(float64 score, index code)`` (codes at ``_UNSCORED``)."""
     offs = lo + tl.arange(0, BLOCK)
     valid = offs < V
-    # Only the last chunk of a row is partial: the others skip the masks.
-    if lo + BLOCK <= V:
-        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, False, BLOCK, FAST)
-    else:
-        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST)
     # NaN-propagating maximum (a NaN probability makes m NaN)
     if FAST:
         m = tl.reduce(s, 0, _max_nan)  # one max.NaN per element
@@ -350,6 +324,40 @@ def _stage1_kernel(
     else:
         # NaN, +inf (or an overflowing p) or only negative probabilities: exact rescan in stage 2.
         res_idx = -2
+    return res_score, res_idx
+
+
+@triton.jit
+def _stage1_kernel(
+    probs_ptr,
+    row_stride,
+    seed_ptr,
+    pos_ptr,
+    greedy_ptr,
+    part_score_ptr,
+    part_idx_ptr,
+    V,
+    col_base,
+    NC,
+    HAS_GREEDY: tl.constexpr,
+    BLOCK: tl.constexpr,
+    FAST: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = probs_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    if HAS_GREEDY:
+        greedy = tl.load(greedy_ptr + row) != 0
+    else:
+        greedy = False
+    lo = c * BLOCK
+    # Only the last chunk of a row is partial: the others skip the masks.
+    if lo + BLOCK <= V:
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, False, BLOCK, FAST)
+    else:
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST)
+    res_score, res_idx = _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK, FAST)
     out = row * NC + c
     tl.store(part_score_ptr + out, res_score)
     tl.store(part_idx_ptr + out, res_idx)
