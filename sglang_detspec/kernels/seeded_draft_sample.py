@@ -270,7 +270,7 @@ def _resolve_candidates(row_ptr, cand, n, j, offs, h_row, col_base):
 @triton.jit
 def _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK: tl.constexpr, FAST: tl.constexpr):
     """Classify one chunk from its probabilities ``p`` and float32 scores ``s`` (``-inf`` past V) and return
-    its stage-2 partial ``(float64 score, index code)`` (codes at ``_UNSCORED``)."""
+    its stage-2 partial ``(float64 score, index code)`` (the codes are listed where ``_UNSCORED`` is defined)."""
     offs = lo + tl.arange(0, BLOCK)
     valid = offs < V
     # NaN-propagating maximum (a NaN probability makes m NaN)
