@@ -14,7 +14,7 @@ kernel ran this way; results in the kernel module's docstring):
    batches (every launch-table row), degenerate rows and constructed near-tie rows; one reference
    computation per input batch is shared by all configurations;
 2. CUDA-graph replay timing (``benchmark.graph_time_us``: median per call, 10 calls per graph) at
-   B in {1, 128, 256}, V = 163840.
+   B in {1, 8, 32, 128, 256}, V = 163840.
 Prints one table and writes ``DIR/variants.json`` (rewritten after every stage, so a time-out keeps
 what was measured).
 """
@@ -44,6 +44,7 @@ SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 PAR_V = (4099, 3001) if SMOKE else (163840, 151936)  # parity vocabularies
 PAR_B = 16 if SMOKE else 1024  # parity rows per batch
+TIMING_BATCHES = (128, 1, 8, 32, 256)  # B = 128 first: the bar
 
 # name -> (block, warps, maxnreg) override used when B >= 32, or None: the launch table
 CONFIGS = {
@@ -54,14 +55,16 @@ CONFIGS = {
     "w8": (4096, 8, 0),
 }
 # name -> keyword arguments of scripts/experiments/stage1_loop.launch_loop (a loop-over-chunks stage 1 whose
-# loads are software-pipelined; programs_per_sm from the register counts of a CPU compile for sm_90:
-# 4096/2 stages 147 regs -> 3 CTAs per SM, 2048/3 stages 96 -> 5, 2048/4 stages 113 -> 4)
+# loads are software-pipelined; the grid is as many programs as the compiled kernel keeps resident per SM)
 EXPERIMENTS = {
-    "loop_s2": dict(block=4096, stages=2, programs_per_sm=3),
-    "loop_s3": dict(block=4096, stages=3, programs_per_sm=3),
-    "loop_b2k_s2": dict(block=2048, stages=2, programs_per_sm=5),
-    "loop_b2k_s3": dict(block=2048, stages=3, programs_per_sm=5),
-    "loop_b2k_s4": dict(block=2048, stages=4, programs_per_sm=4),
+    "loop_s2": dict(block=4096, stages=2),
+    "loop_s3": dict(block=4096, stages=3),
+    "loop_s4": dict(block=4096, stages=4),
+    "loop_s3_masked": dict(block=4096, stages=3, even=False),
+    "loop_w8_s3": dict(block=4096, warps=8, stages=3),
+    "loop_b2k_s3": dict(block=2048, stages=3),
+    "loop_b2k_s4": dict(block=2048, stages=4),
+    "loop_tbl_s3": dict(block=None, stages=3),
 }
 
 
@@ -269,21 +272,26 @@ def main(argv=None):
     # timing first (the goal), then parity (the gate)
     res["copy_bw_gbs"] = round(benchmark.copy_bandwidth_gbs(DEV, nbytes=1 << 28), 1)
     res["timing_us"] = {}
-    res["timing_us"] = timing(names, (128, 1, 256), 163840, log, save)
+    res["timing_us"] = timing(names, TIMING_BATCHES, 163840, log, save)
+    if any(n in EXPERIMENTS for n in names):
+        import stage1_loop
+
+        res["loop_resident_programs_per_sm"] = {str(k): v for k, v in stage1_loop._RESIDENT.items()}
+        log(f"loop kernels, resident programs per SM (block, warps, stages, even, greedy, dev): {res['loop_resident_programs_per_sm']}")
     save()
     log(f"[{time.time() - t0:.0f}s] timing done")
     res["parity"] = parity(names, args.rows, args.near_tie_batches, log)
     save()
     log(f"[{time.time() - t0:.0f}s] parity done")
     log(f"copy bandwidth {res['copy_bw_gbs']} GB/s; parity rows {res['parity']['rows']}")
-    log(f"{'config':<11} {'B=1 us':>9} {'B=128 us':>9} {'B=256 us':>9} {'mismatch':>8}  notes")
+    log(f"{'config':<15} " + " ".join(f"{f'B={b} us':>9}" for b in sorted(TIMING_BATCHES)) + f" {'mismatch':>8}  notes")
     for n in list(names) + ["base@end"]:
         t = res["timing_us"].get(n, {})
-        cells = [f"{t[b]:>9.2f}" if isinstance(t.get(b), float) else f"{str(t.get(b))[:9]:>9}" for b in (1, 128, 256)]
+        cells = [f"{t[b]:>9.2f}" if isinstance(t.get(b), float) else f"{str(t.get(b))[:9]:>9}" for b in sorted(TIMING_BATCHES)]
         mm = res["parity"]["mismatches"].get(n.split("@")[0], "")
         err = res["parity"]["errors"].get(n, "")
         det = res["parity"]["detail"].get(n, "") if n in res["parity"]["detail"] else ""
-        log(f"{n:<11} {' '.join(cells)} {mm!s:>8}  {det or ''} {err[:120]}")
+        log(f"{n:<15} {' '.join(cells)} {mm!s:>8}  {det or ''} {err[:120]}")
     ok = [n for n in names if res["parity"]["mismatches"].get(n) == 0 and n not in res["parity"]["errors"]
           and isinstance(res["timing_us"][n].get(128), float)]
     if ok:

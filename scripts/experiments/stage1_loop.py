@@ -24,6 +24,7 @@ import triton.language as tl
 from sglang_detspec.kernels.seeded_draft_sample import (
     INTERPRETED,
     _chunk_partial,
+    _launch_entry,
     _row_prefix,
     _stage2_kernel,
     _tile_scores,
@@ -47,6 +48,7 @@ def _stage1_loop_kernel(
     BLOCK: tl.constexpr,
     FAST: tl.constexpr,
     STAGES: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -60,30 +62,51 @@ def _stage1_loop_kernel(
         else:
             greedy = False
         lo = c * BLOCK
-        # always masked: a load inside a branch would not be pipelined
-        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, True, BLOCK, FAST)
+        # masked unless every chunk is full (EVEN: V % BLOCK == 0): a load inside a runtime branch would not
+        # be pipelined, so the choice is a compile-time one
+        p, s = _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, not EVEN, BLOCK, FAST)
         res_score, res_idx = _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK, FAST)
         tl.store(part_score_ptr + t, res_score)
         tl.store(part_idx_ptr + t, res_idx)
 
 
+#: (block, warps, stages, even, device index) -> resident programs per SM of the compiled loop kernel
+_RESIDENT = {}
+
+
+def resident_programs_per_sm(kernel, warps, device) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, shared memory, threads).
+
+    A persistent grid must not exceed this: a program that only starts when another has finished its whole
+    share of chunks would double the kernel's time."""
+    kernel._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256 registers
+    by_regs = props.regs_per_multiprocessor // (regs_per_warp * warps)
+    smem = int(kernel.metadata.shared)
+    by_smem = props.shared_memory_per_multiprocessor // (smem + 1024) if smem else 32  # 1 KiB reserved per CTA
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
+
+
 def launch_loop(probs, sampling_seed, positions, draft_step, greedy=None, *, block=4096, warps=4, stages=2,
-                programs_per_sm=4):
-    """``_launch``-compatible (validated inputs): the loop stage 1 + the product's stage 2."""
+                programs_per_sm=None, even=True):
+    """``_launch``-compatible (validated inputs): the loop stage 1 + the product's stage 2.
+
+    ``block=None`` takes the product's launch table (1024 / 2048 / 4096 columns by B*V); ``even=False``
+    masks every load even when ``V % block == 0`` (to measure what the mask costs); ``programs_per_sm=None``
+    launches as many programs as the compiled kernel keeps resident (:func:`resident_programs_per_sm`)."""
     B, V = probs.shape
     out_p = torch.empty((B, 1), dtype=torch.float32, device=probs.device)
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
+    if block is None:
+        block = _launch_entry(B, V)[0]
     if INTERPRETED:
         block = max(block, 1024)
     nc = triton.cdiv(V, block)
     total = B * nc
-    if probs.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(probs.device).multi_processor_count
-        nprog = min(total, sms * programs_per_sm)
-    else:
-        nprog = min(total, 3)  # interpreter: a few programs, each walking several chunks
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)
     seeds = sampling_seed.reshape(-1).contiguous()
@@ -91,10 +114,21 @@ def launch_loop(probs, sampling_seed, positions, draft_step, greedy=None, *, blo
     g = greedy.reshape(-1).contiguous() if greedy is not None else seeds
     col_base = int(draft_step) * V
     fast = probs.device.type == "cuda" and not INTERPRETED
-    _stage1_loop_kernel[(nprog,)](
-        probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc, total,
-        HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, STAGES=stages, num_warps=warps,
-    )
+    args = (probs, probs.stride(0), seeds, pos, g, part_score, part_idx, V, col_base, nc, total)
+    meta = dict(HAS_GREEDY=greedy is not None, BLOCK=block, FAST=fast, STAGES=stages, EVEN=even and V % block == 0,
+                num_warps=warps)
+    if probs.device.type == "cuda":
+        if programs_per_sm is None:
+            key = (block, warps, stages, meta["EVEN"], meta["HAS_GREEDY"], probs.device.index)
+            if key not in _RESIDENT:
+                compiled = _stage1_loop_kernel.warmup(*args, grid=(1,), **meta)
+                _RESIDENT[key] = resident_programs_per_sm(compiled, warps, probs.device)
+            programs_per_sm = _RESIDENT[key]
+        sms = torch.cuda.get_device_properties(probs.device).multi_processor_count
+        nprog = min(total, sms * programs_per_sm)
+    else:
+        nprog = min(total, 3)  # interpreter: a few programs, each walking several chunks
+    _stage1_loop_kernel[(nprog,)](*args, **meta)
     _stage2_kernel[(B,)](
         probs, probs.stride(0), seeds, pos, g, part_score, part_idx, out_p, out_idx, V, col_base, nc,
         HAS_GREEDY=greedy is not None, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, num_warps=4,
