@@ -66,9 +66,34 @@ EXPERIMENTS = {
     "loop_b2k_s4": dict(block=2048, stages=4),
     "loop_tbl_s3": dict(block=None, stages=3),
 }
+# name -> keyword arguments of scripts/experiments/stage1_lean.launch_lean (stage 1 with fewer ALU-pipe
+# instructions per element; the switches are described there)
+LEAN = {
+    "lean_prod": dict(mul_shift=False, kb1=False, cand=0, sel_lg=False),  # the product's operations
+    "lean_sel": dict(mul_shift=False, kb1=False, cand=0, sel_lg=True),
+    "lean_all_nosel": dict(mul_shift=True, kb1=True, cand=1, sel_lg=False),
+    "lean_all": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True),
+    "lean_all_b2k": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, block=2048),
+    "lean_all_w8": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, warps=8),
+    "lean_prod_pf": dict(mul_shift=False, kb1=False, cand=0, sel_lg=False, prefetch=True),
+    "lean_all_pf": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, prefetch=True),
+    "lean_all_pf_b2k": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, prefetch=True, block=2048),
+}
 
 
 def _launch_fn(name):
+    if name in LEAN:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+        import stage1_lean
+
+        kw = LEAN[name]
+
+        def lean(probs, seeds, pos, step, greedy=None):
+            # explicit blocks apply from B >= 32 (smaller batches keep the launch table's more programs)
+            k = dict(kw) if probs.shape[0] >= 32 else {a: b for a, b in kw.items() if a not in ("block", "warps")}
+            return stage1_lean.launch_lean(probs, seeds, pos, step, greedy, **k)
+
+        return lean
     if name in EXPERIMENTS:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
         import stage1_loop
@@ -248,13 +273,13 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("results/variants"))
     ap.add_argument("--rows", type=int, default=49152)
     ap.add_argument("--near-tie-batches", type=int, default=4)
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS) + list(EXPERIMENTS),
-                    choices=list(CONFIGS) + list(EXPERIMENTS))
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS) + list(LEAN),
+                    choices=list(CONFIGS) + list(EXPERIMENTS) + list(LEAN))
     ap.add_argument("--smoke", action="store_true", help="CPU dry run of the parity path (interpreter)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS, experiments=EXPERIMENTS)
+               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS, experiments=EXPERIMENTS, lean=LEAN)
 
     def log(m):
         print(m, flush=True)

@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""Run the sampler's launch variants once each at B=128, V=163840 between cudaProfilerStart/Stop, for Nsight
+Compute (the stage-1 kernel is where the time goes):
+
+    ncu --clock-control none --profile-from-start off --kernel-name regex:stage1 \\
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
+        --section SchedulerStats --section Occupancy --section InstructionStats \\
+        python3 scripts/experiments/profile_stage1.py base lean_all ...
+
+Config names are those of scripts/bench_kernel_variants.py.
+"""
+
+import os
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, ".."))
+sys.path.insert(0, os.path.join(here, "..", ".."))
+
+import torch  # noqa: E402
+
+import bench_kernel_variants as bkv  # noqa: E402
+from sglang_detspec import benchmark  # noqa: E402
+
+probs, seeds, pos = benchmark.make_inputs(128, 163840, torch.device("cuda"))
+fns = [(n, bkv._launch_fn(n)) for n in sys.argv[1:]]
+for _, fn in fns:  # compile and warm up outside the profiled range
+    fn(probs, seeds, pos, 1)
+torch.cuda.synchronize()
+torch.cuda.profiler.start()
+for name, fn in fns:
+    print("profiling", name, flush=True)
+    fn(probs, seeds, pos, 1)
+    torch.cuda.synchronize()
+torch.cuda.profiler.stop()
