@@ -54,52 +54,9 @@ CONFIGS = {
     "b2k_r96": (2048, 4, 96),
     "w8": (4096, 8, 0),
 }
-# name -> keyword arguments of scripts/experiments/stage1_loop.launch_loop (a loop-over-chunks stage 1 whose
-# loads are software-pipelined; the grid is as many programs as the compiled kernel keeps resident per SM)
-EXPERIMENTS = {
-    "loop_s2": dict(block=4096, stages=2),
-    "loop_s3": dict(block=4096, stages=3),
-    "loop_s4": dict(block=4096, stages=4),
-    "loop_s3_masked": dict(block=4096, stages=3, even=False),
-    "loop_w8_s3": dict(block=4096, warps=8, stages=3),
-    "loop_b2k_s3": dict(block=2048, stages=3),
-    "loop_b2k_s4": dict(block=2048, stages=4),
-    "loop_tbl_s3": dict(block=None, stages=3),
-}
-# name -> keyword arguments of scripts/experiments/stage1_lean.launch_lean (stage 1 with fewer ALU-pipe
-# instructions per element; the switches are described there)
-LEAN = {
-    "lean_prod": dict(mul_shift=False, kb1=False, cand=0, sel_lg=False),  # the product's operations
-    "lean_sel": dict(mul_shift=False, kb1=False, cand=0, sel_lg=True),
-    "lean_all_nosel": dict(mul_shift=True, kb1=True, cand=1, sel_lg=False),
-    "lean_all": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True),
-    "lean_all_b2k": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, block=2048),
-    "lean_all_w8": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, warps=8),
-    "lean_prod_pf": dict(mul_shift=False, kb1=False, cand=0, sel_lg=False, prefetch=True),
-    "lean_all_pf": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, prefetch=True),
-    "lean_all_pf_b2k": dict(mul_shift=True, kb1=True, cand=1, sel_lg=True, prefetch=True, block=2048),
-}
 
 
 def _launch_fn(name):
-    if name in LEAN:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
-        import stage1_lean
-
-        kw = LEAN[name]
-
-        def lean(probs, seeds, pos, step, greedy=None):
-            # explicit blocks apply from B >= 32 (smaller batches keep the launch table's more programs)
-            k = dict(kw) if probs.shape[0] >= 32 else {a: b for a, b in kw.items() if a not in ("block", "warps")}
-            return stage1_lean.launch_lean(probs, seeds, pos, step, greedy, **k)
-
-        return lean
-    if name in EXPERIMENTS:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
-        import stage1_loop
-
-        kw = EXPERIMENTS[name]
-        return lambda probs, seeds, pos, step, greedy=None: stage1_loop.launch_loop(probs, seeds, pos, step, greedy, **kw)
     over = CONFIGS[name]
 
     def fn(probs, seeds, pos, step, greedy=None):
@@ -273,13 +230,12 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("results/variants"))
     ap.add_argument("--rows", type=int, default=49152)
     ap.add_argument("--near-tie-batches", type=int, default=4)
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS) + list(LEAN),
-                    choices=list(CONFIGS) + list(EXPERIMENTS) + list(LEAN))
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--smoke", action="store_true", help="CPU dry run of the parity path (interpreter)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS, experiments=EXPERIMENTS, lean=LEAN)
+               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS)
 
     def log(m):
         print(m, flush=True)
@@ -298,11 +254,6 @@ def main(argv=None):
     res["copy_bw_gbs"] = round(benchmark.copy_bandwidth_gbs(DEV, nbytes=1 << 28), 1)
     res["timing_us"] = {}
     res["timing_us"] = timing(names, TIMING_BATCHES, 163840, log, save)
-    if any(n in EXPERIMENTS for n in names):
-        import stage1_loop
-
-        res["loop_resident_programs_per_sm"] = {str(k): v for k, v in stage1_loop._RESIDENT.items()}
-        log(f"loop kernels, resident programs per SM (block, warps, stages, even, greedy, dev): {res['loop_resident_programs_per_sm']}")
     save()
     log(f"[{time.time() - t0:.0f}s] timing done")
     res["parity"] = parity(names, args.rows, args.near_tie_batches, log)

@@ -41,14 +41,17 @@ Write ``s`` for the true real-number score ``p / E`` (``E = -ln u``), ``s64`` fo
 and ``s32`` for the kernel's float32 value, the latter two rescaled by the same constant ``ln 2``.
 Claim: for every element with ``2**-120 <= p`` (and ``s32`` finite), ``|s32 - s| <= d*s`` with
 ``d = 2**-12.7``, and ``|s64 - s| <= e*s`` with ``e = 2**-50``.  ``E2`` (``_neg_log2_u_f32``):
-``u = float(h) * 2**-32 + 2**-33`` and ``E2 = -lg2.approx(u)``, except for the last 2**23 hashes
-(``w = 1 - u < 2**-9``), where ``E2 = (w + w^2/2) / ln 2`` with ``w`` formed exactly from the float bit
-pattern of ``2**23 + ~h`` (one FFMA).
+``u = float(h) * 2**-32 + 2**-33``, ``lg = lg2.approx(u)`` and ``E2 = -lg``, except where
+``lg > L = log2(1 - 2**-9) + 2**-22`` (``_SERIES_LG``, rounded up): there ``E2 = (w + w^2/2) / ln 2`` with
+``w`` formed exactly from the float bit pattern of ``2**23 + ~h`` (one FFMA).  ``lg > L`` implies
+``h >= 2**32 - 2**23`` (every smaller hash has float32 ``u <= 1 - 2**-9``, and lg2.approx is within 2**-22),
+i.e. ``~h < 2**23`` and ``w = 1 - u < 2**-9``.
   * ``h < 2**31`` (``u <= 1/2``): ``u`` carries two roundings (<= 2**-23 relative) and ``|log2 u| >= 1``:
     <= 2**-22.5, plus lg2.approx's absolute 2**-22;
-  * ``2**31 <= h < 2**32 - 2**23``: ``float(h)`` is off by <= 2**7 and the FFMA rounds in [1/2, 1):
+  * ``h >= 2**31`` and ``lg <= L``: ``float(h)`` is off by <= 2**7 and the FFMA rounds in [1/2, 1):
     ``|du| <= 2**-24``, i.e. ``|d log2 u| <= 2**-24 / (u ln 2) <= 2**-22.5``, plus lg2.approx's absolute
-    2**-22 (sum 2**-21.2), over ``E2 >= 2**-9 / ln 2 = 2**-8.47``: <= 2**-12.75 relative;
+    2**-22 (sum 2**-21.2), over ``E2 >= (2**-9 - 2**-21.5) / ln 2 ~ 2**-8.47`` (``lg <= L`` bounds float32
+    ``u`` by ``1 - 2**-9 + 2**-21.5``): <= 2**-12.75 relative;
   * the series: ``w`` has one rounding (2**-24), the dropped tail is ``<= w^2/3 < 2**-19.5`` relative;
   * ``s32 = p * rcp.approx(E2)`` (<= 1 ulp each; ``E2`` in [2**-33.6, 33] and ``p >= 2**-120`` keep
     every value normal).
@@ -67,14 +70,24 @@ compares 10**6+ rows and constructed near-ties with upstream's float64 torch cod
 
 Measured (H200, CUDA-graph replay, V=163840, B=128; ``scripts/bench_kernel_variants.py``, 2026-12-02)
 ---------------------------------------------------------------------------------------------------
-A stripped stage 1 located the time: reading ``probs`` 20.5 us (the copy-bandwidth floor), + hash 20.9,
-+ float32 race 32.7, + candidate pass 38.6, + one serial float64 score per program 41.0.  Paths that
-lost and were removed: the first float32 ``E2`` (split at ``u = 1/2``, 4-term series, bound 2**-16,
-margin 2**-11; 46.0 us against 44.5 for the current ``E2`` with the folded finalizer); the float64 score
-of a lone candidate in stage 1 (44.3 us; 42.5 with it in stage 2); a packed candidate sum (57.4);
-stage 2 folded into stage 1 behind an atomic per-row arrival counter (no gain); several tiles per program
-with the next tile's load issued first (5-15% slower).  Register caps (``maxnreg``) and 2048-column
-blocks were within 2% at B=128.
+Nsight Compute on the previous version (40.2 us): the ALU pipe (16 lanes per SM sub-partition: LOP3, SHF,
+SEL, ISETP, FMNMX, FSETP, LEA) 82% busy, the FMA pipe 25%, DRAM 46%; ~44 SASS instructions per element.
+Choosing the series by ``lg > L`` instead of ``h >= 0xFF800000`` (that predicate was spilled bit by bit:
+SEL + IADD3 + LOP3 per element) and forming its bits with one LOP3 cut the hot block from 978 to 880
+instructions (ALU 446 -> 388 per 32 elements): 41.99 -> 38.58 us at B=128, 77.0 -> 71.9 at B=256 (same
+run).  Tried and measured slower or no better, then removed (2026-12-02): the finalizer's shifts as
+``umulhi`` on the FMA pipe (ALU 65% but longer dependency stalls: 39.2-40.5 us); an L2 prefetch of the
+tile before the hash (38.9); a float candidate indicator ``sat(s*K - thr'*K)`` with float sums for the
+count and the lone index, the rare branches re-reading ``p`` (with those shifts: 46.9, latency-bound at
+1.0 eligible warps per scheduler); a loop-over-chunks stage 1 with cp.async pipelining at the resident
+grid (49-54); 2048-column blocks with a 96-register cap (41.3).  Earlier: a stripped stage 1 located the
+time: reading ``probs`` 20.5 us (the copy-bandwidth floor), + hash 20.9, + float32 race 32.7, + candidate
+pass 38.6, + one serial float64 score per program 41.0.  Paths that lost and were removed then: the first
+float32 ``E2`` (split at ``u = 1/2``, 4-term series, bound 2**-16, margin 2**-11; 46.0 us against 44.5 for
+the next ``E2`` with the folded finalizer); the float64 score of a lone candidate in stage 1 (44.3 us; 42.5
+with it in stage 2); a packed candidate sum (57.4); stage 2 folded into stage 1 behind an atomic per-row
+arrival counter (no gain); several tiles per program with the next tile's load issued first (5-15%
+slower).  Register caps (``maxnreg``) and 2048-column blocks were within 2% at B=128.
 
 CUDA graphs: capturable.  All inputs are read from device memory at replay time (update seeds,
 positions and ``greedy`` in place between replays); ``draft_step`` and the shapes are baked into
@@ -159,21 +172,35 @@ def _lg2_f32(x, FAST: tl.constexpr):
     return lg
 
 
+# float32 just above log2(1 - 2**-9) + 2**-22: lg2.approx(u) exceeds it only if h >= 0xFF800000 (lg2.approx is
+# within 2**-22 of log2, and every smaller hash has a float32 u <= 1 - 2**-9)
+_SERIES_LG = tl.constexpr(-0.0028202806133776903)
+
+
 @triton.jit
 def _neg_log2_u_f32(h, FAST: tl.constexpr):
     """float32 -log2((h + 0.5) / 2**32), relative error < 2**-12.7 (bound in the module docstring).
 
-    u is formed directly from float(h); only the last 2**23 hash values (w = 1 - u < 2**-9, where
-    float32's absolute error in u would dominate -log u) take a two-term series in w, and w comes
-    exactly from the bit pattern of the float 2**23 + ~h (no second int-to-float conversion).
+    u is formed directly from float(h); only the top hashes (w = 1 - u < 2**-9, where float32's absolute
+    error in u would dominate -log u) take a two-term series in w, and w comes exactly from the bit pattern
+    of the float 2**23 + ~h (no second int-to-float conversion).
     """
     u = h.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
     lg = _lg2_f32(u, FAST)
-    kb = ((h ^ 0xFFFFFFFF) & 0x7FFFFF) | 0x4B000000  # float bits of 2**23 + ~h (exact when ~h < 2**23)
+    if FAST:
+        # one LOP3: 2**23 + ~h wherever the series is selected below (it implies ~h < 2**23); other lanes get
+        # garbage that the select discards
+        kb = (h ^ 0xFFFFFFFF) | 0x4B000000
+    else:
+        # the interpreter computes the discarded lanes in NumPy too: the masked form keeps them finite
+        kb = ((h ^ 0xFFFFFFFF) & 0x7FFFFF) | 0x4B000000
     # (2**23 + k) * 2**-32 + (2**-33 - 2**-9) = (k + 0.5) * 2**-32: the product is exact, one rounding
     w = kb.to(tl.float32, bitcast=True) * 2.3283064365386963e-10 + (1.1641532182693481e-10 - 0.001953125)
     poly = w * (1.4426950408889634 + w * 0.7213475204444817)
-    return tl.where(h >= 0xFF800000, poly, -lg)
+    # The series is chosen from lg, not from h >= 0xFF800000: that predicate, known right after the hash,
+    # stayed live across the whole tile and ptxas spilled it bit by bit into registers (~3 ALU ops per
+    # element); this one is consumed next to the MUFU that produces lg.
+    return tl.where(lg > _SERIES_LG, poly, -lg)
 
 
 @triton.jit

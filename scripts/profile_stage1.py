@@ -1,21 +1,22 @@
 #!/usr/bin/env python3
-"""Run the sampler's launch variants once each at B=128, V=163840 between cudaProfilerStart/Stop, for Nsight
-Compute (the stage-1 kernel is where the time goes):
+"""Run the sampler's launch configurations once each at B=128, V=163840 between cudaProfilerStart/Stop, for
+Nsight Compute (the stage-1 kernel is where the time goes; no SGLang needed):
 
     ncu --clock-control none --profile-from-start off --kernel-name regex:stage1 \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
         --section SchedulerStats --section Occupancy --section InstructionStats \\
-        python3 scripts/experiments/profile_stage1.py base lean_all ...
+        python3 scripts/profile_stage1.py base b2k ...
 
-Config names are those of scripts/bench_kernel_variants.py.
+Add ``--page raw`` and grep ``pipe_.*_cycles_active`` / ``issue_stalled`` for pipe utilisation and stall
+reasons.  Config names are those of scripts/bench_kernel_variants.py.
 """
 
 import os
 import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, ".."))
-sys.path.insert(0, os.path.join(here, "..", ".."))
 
 import torch  # noqa: E402
 
