@@ -98,7 +98,7 @@ d = json.load(open(sys.argv[1]))
 print("e2e results:")
 for k in sorted(d):
     v = d[k]
-    if isinstance(v, dict) and "unique_outputs" in v:
+    if isinstance(v, dict) and "unique_outputs" in v and "trials" in v:
         print(f"  {k:28s} unique={v['unique_outputs']}/{v['trials']} mean_accept_length={v.get('mean_accept_length')}")
     elif not k.startswith("_"):
         print(f"  {k:28s} {json.dumps(v)[:300]}")
