@@ -290,9 +290,10 @@ def test_near_ties_in_one_chunk_take_the_multi_candidate_path():
 
 
 def test_neg_log2_u_bound_on_the_region_boundaries():
-    """The float32 -log2(u) (interpreter: IEEE log2 in place of lg2.approx) against float64 on the
-    hash ranges where its argument construction changes: small h, the half-way point, the switch to the
-    series at h = 2**32 - 2**23, and the top.  The GPU's lg2.approx adds its own error on top (bound in
+    """The float32 -log2(u) (interpreter: IEEE log2 in place of lg2.approx, and the masked form of the
+    series bits) against float64 on the hash ranges where its argument construction changes: small h, the
+    half-way point, the switch to the series just above h = 2**32 - 2**23 (where log2(u) crosses
+    _SERIES_LG), and the top.  The GPU's lg2.approx adds its own error on top (bound in
     the module docstring, measured over all 2**32 hashes by scripts/gpu_kernel_checks.py)."""
     import triton
     import triton.language as tl
