@@ -126,11 +126,29 @@ def test_lost_race_keeps_the_winner(tmp_path, monkeypatch):
     real_build = tm.build_tiny_models
     final = tmp_path / f"tiny-models-v{tm.TINY_MODELS_VERSION}"
 
-    def racing_build(dest):
-        real_build(final)  # the "other process"
-        return real_build(dest)
+    def racing_build(dest, *, pair):
+        real_build(final, pair=pair)  # the "other process"
+        return real_build(dest, pair=pair)
 
     monkeypatch.setattr(tm, "build_tiny_models", racing_build)
     m = tm.ensure_tiny_models(tmp_path)
     assert m.target == final / "target"
     assert sorted(p.name for p in tmp_path.iterdir()) == [final.name]  # temp dir cleaned up
+
+
+def test_pair_names_and_server_flags():
+    assert tm.TINY_PAIRS == ("dummy", "weighted")
+    assert tm.server_flags("dummy") == tm.TINY_SERVER_FLAGS
+    dummy = dict(tm.server_flags("dummy"))
+    weighted = dict(tm.server_flags("weighted"))
+    assert dummy["--load-format"] == ("dummy",) and dummy["--speculative-draft-load-format"] == ("dummy",)
+    # The weighted pair loads its safetensors: no load-format override, every other flag the same.
+    assert not any("load-format" in flag for flag in weighted)
+    assert {k: v for k, v in dummy.items() if "load-format" not in k} == weighted
+    for bad in ("Dummy", "", "weights"):
+        with pytest.raises(ValueError, match="'dummy', 'weighted'"):
+            tm.server_flags(bad)
+        with pytest.raises(ValueError, match="unknown tiny model pair"):
+            tm.ensure_tiny_models(pair=bad)
+    assert tm.cache_dir_name("dummy") == f"tiny-models-v{tm.TINY_MODELS_VERSION}"
+    assert tm.cache_dir_name("weighted") != tm.cache_dir_name("dummy")
