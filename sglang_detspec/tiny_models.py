@@ -272,6 +272,10 @@ def build_tiny_models(dest: Path, *, pair: str = "dummy") -> TinyModels:
     cfg3["draft_vocab_size"] = VOCAB_SIZE
     cfg3["target_hidden_size"] = HIDDEN
     cfg3["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(EAGLE3_AUX_LAYER_IDS)}
+    if pair == "weighted":
+        # The weighted EAGLE3 draft carries the token through attention values, which need the full
+        # hidden width: plain multi-head attention (see tiny_weights' docstring).
+        cfg3["num_key_value_heads"] = HEADS
     _dump(eagle3 / "config.json", cfg3)
     models = TinyModels(target, eagle, eagle3)
     if pair == "weighted":

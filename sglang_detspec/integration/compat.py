@@ -43,6 +43,10 @@ num_draft_tokens``
 spec fields only in 0.5.23                                                     ``speculative_use_block_verification``,
                                                                                ``enable_watermark``,
                                                                                ``enable_return_aux_hidden_states``
+deterministic chunked-prefill alignment   flashinfer and triton (to 0.5.21);   flashinfer only (0.5.22+), keyed by
+(``Scheduler.truncation_align_size``)     keyed by ``attention_backend``       the prefill backend; a chunk below
+                                          (0.5.18+: the prefill backend); a    it raises at scheduler init
+                                          chunk below the alignment hangs      (0.5.22+)
 ========================================  ===================================  ====================================
 
 Also different: 0.5.17 seals ``ServerArgs`` when ``__post_init__`` ends (assigning a field raises;
@@ -65,7 +69,7 @@ import importlib.util
 import logging
 import os
 import re
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +276,77 @@ def load_hf_config(path: str, *, trust_remote_code: bool = False, revision: Opti
     if revision is not None:
         kwargs["revision"] = revision
     return get_config(path, trust_remote_code=trust_remote_code, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunked prefill under deterministic inference
+# ---------------------------------------------------------------------------------------------------
+
+
+class PrefillAlignment(NamedTuple):
+    """The alignment the scheduler imposes on chunked prefill (``Scheduler.truncation_align_size``)."""
+
+    tokens: int
+    env_var: str  # the variable that sets it
+    backend: str  # the prefill attention backend it belongs to
+
+
+#: ``Scheduler.init_deterministic_inference_config``'s table (the same default, 4096, in every release).
+_PREFILL_ALIGNMENT_ENV = {
+    "flashinfer": "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE",
+    "triton": "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE",
+}
+_PREFILL_ALIGNMENT_DEFAULT = 4096
+
+
+def scheduler_prefill_backend(server_args: Any) -> Optional[str]:
+    """The attention backend the scheduler looks its prefill alignment up by.
+
+    0.5.17 reads ``server_args.attention_backend`` (``--prefill-attention-backend`` is ignored there);
+    0.5.18+ read the prefill half of ``runtime_context.attention_backends()`` (``--prefill-attention-backend``,
+    else ``--attention-backend``). Probed by that function's presence.
+    """
+    from sglang.srt import runtime_context
+
+    base = read_field(server_args, "attention_backend", None)
+    if not hasattr(runtime_context, "attention_backends"):
+        return base
+    return read_field(server_args, "prefill_attention_backend", None) or base
+
+
+def deterministic_prefill_alignment(server_args: Any) -> Optional[PrefillAlignment]:
+    """What ``Scheduler.init_deterministic_inference_config`` will set ``truncation_align_size`` to, or None.
+
+    None without ``--enable-deterministic-inference`` or for a prefill backend without an alignment. flashinfer
+    is aligned on every release; triton on 0.5.17 - 0.5.21 only (0.5.22 tiles keys at absolute positions and
+    deprecated ``SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE``; probed by that variable still being declared in
+    ``sglang.srt.environ.envs``). The value is read with the scheduler's own parser (``get_int_env_var``).
+    Model-specific alignments the scheduler folds in later by LCM (DeepSeek DSA index k-pool 0.5.20+, Mamba
+    chunk grid under DCP 0.5.23) are not included.
+    """
+    if not read_field(server_args, "enable_deterministic_inference", False):
+        return None
+    backend = scheduler_prefill_backend(server_args)
+    env_var = _PREFILL_ALIGNMENT_ENV.get(backend)
+    if env_var is None:
+        return None
+    if backend == "triton":
+        from sglang.srt.environ import envs
+
+        if not hasattr(envs, env_var):
+            return None
+    from sglang.srt.utils import get_int_env_var
+
+    return PrefillAlignment(get_int_env_var(env_var, _PREFILL_ALIGNMENT_DEFAULT), env_var, backend)
+
+
+def attention_dp_size(server_args: Any) -> int:
+    """Number of DP-attention ranks the resolved ``--chunked-prefill-size`` was divided by (1 without DP
+    attention): ``attn_dp_size`` on 0.5.22+, ``dp_size`` with ``--enable-dp-attention`` before."""
+    size = read_field(server_args, "attn_dp_size", None)
+    if size is not None:
+        return int(size)
+    return int(read_field(server_args, "dp_size", 1) or 1) if read_field(server_args, "enable_dp_attention", False) else 1
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -75,6 +75,13 @@ no draft model (``--speculative-draft-      The draft worker would have no check
 model-path`` unset after resolution)        (for checkpoints that carry their MTP layer, the target path).
 a draft SGLang turns into FROZEN_KV_MTP     A Gemma-4 assistant draft is served by a different algorithm
 (Gemma-4 assistant drafts)                  with no rejection sampling. Use ``--speculative-algorithm EAGLE``.
+``--chunked-prefill-size`` (as resolved,    Deterministic mode cuts chunks to a multiple of the prefill
+also SGLang's GPU-memory default) that is   backend's alignment (4096 by default; flashinfer, and triton on
+neither <= 0 nor a multiple of the          0.5.17 - 0.5.21; ``SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE`` /
+deterministic prefill alignment             ``SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE``): a smaller chunk
+                                            never schedules a longer prompt (the server hangs), a non-multiple
+                                            starts later chunks off the alignment. Pass a multiple of the
+                                            alignment (times the DP-attention ranks), or -1.
 ==========================================  =================================================================
 
 Not refused, documented instead (checked against BRIEF section 5 and the sources):
@@ -391,6 +398,48 @@ def _check_resolved(server_args: Any, name: str, twin: str) -> None:
     _check_draft_vocab_from_configs(server_args, name, draft_path)
 
 
+def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int]) -> None:
+    """Refuse a resolved ``--chunked-prefill-size`` that cannot serve every prompt reproducibly.
+
+    ``requested`` is what the user passed (None: SGLang chose the size from the GPU's memory). The resolved
+    size is per DP-attention rank: resolution divides it by the rank count, and the scheduler uses it as is.
+    """
+    chunk = _flag(server_args, "chunked_prefill_size")
+    if chunk is None or int(chunk) <= 0:
+        return  # chunked prefill is off: every prompt is prefilled in one piece
+    chunk = int(chunk)
+    alignment = compat.deterministic_prefill_alignment(server_args)
+    if alignment is None or (alignment.tokens > 0 and chunk % alignment.tokens == 0):
+        return
+    ranks = compat.attention_dp_size(server_args)
+    if requested is None:
+        flag = f"--chunked-prefill-size {chunk} (SGLang's default for this GPU)"
+    else:
+        flag = f"--chunked-prefill-size {requested}"
+        if int(requested) != chunk:
+            per_rank = f" per DP-attention rank, {ranks} ranks" if ranks > 1 else ""
+            flag += f" (resolved to {chunk}{per_rank})"
+    where = (
+        f"under --enable-deterministic-inference SGLang aligns chunked prefill to {alignment.tokens} tokens for "
+        f"the {alignment.backend} prefill backend ({alignment.env_var})"
+    )
+    if alignment.tokens <= 0:
+        why = f"{where}, and a non-positive alignment fails the first chunked prompt"
+        fix = f"Unset {alignment.env_var} (or set it to a positive tile size), or pass --chunked-prefill-size -1."
+    else:
+        if chunk < alignment.tokens:
+            why = (f"{where}; a chunk shorter than that is cut to zero tokens, so the first prompt longer than "
+                   f"{chunk} tokens is never scheduled and every request queued behind it waits forever")
+        else:
+            why = (f"{where}; only a prompt's first chunk is cut to a multiple of it, later chunks are {chunk} "
+                   "tokens long, so they start off the alignment, at offsets that depend on what else was "
+                   "scheduled with the first chunk")
+        step = alignment.tokens * ranks
+        fix = (f"Pass --chunked-prefill-size a multiple of {step} (e.g. {step} or {2 * step}), or -1 to turn "
+               f"chunked prefill off; or set {alignment.env_var} to a divisor of {chunk}.")
+    raise _refuse(name, flag, why, fix)
+
+
 def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str) -> None:
     # EAGLE-3 drafts declare a reduced vocabulary as ``draft_vocab_size`` (and ship a d2t map); SGLang
     # builds its hot-token map from it. Reading the configs here turns SGLang's worker-init refusal into a
@@ -424,8 +473,10 @@ def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any
         speculative_use_rejection_sampling=False,
         **_chain_defaults(server_args),
     )
+    requested_chunk = _flag(server_args, "chunked_prefill_size")  # before SGLang picks a default
     result = original(server_args, *args, **kwargs)
     _check_resolved(server_args, name, twin)
+    _refuse_chunked_prefill(server_args, name, requested_chunk)
     compat.write_fields(
         server_args,
         "detspec.restore_name",

@@ -285,3 +285,85 @@ def test_what_a_scheduler_sees(models, name):
         assert isinstance(SpeculativeAlgorithm.from_string(spec.speculative_algorithm), ALGORITHM_CLASSES[name])
     finally:
         reset_context()
+
+
+# --------------------------------------------------------------------------------------------------
+# --chunked-prefill-size against the deterministic prefill alignment (the scheduler's own value is the oracle)
+# --------------------------------------------------------------------------------------------------
+
+
+def scheduler_alignment(sa):
+    """``truncation_align_size`` the installed scheduler derives from the resolved, published record."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.runtime_context import publish, reset_context
+
+    try:
+        publish(sa, role="tokenizer")
+        scheduler = SimpleNamespace(server_args=sa)
+        Scheduler.init_deterministic_inference_config(scheduler)
+        return scheduler.truncation_align_size
+    finally:
+        reset_context()
+
+
+def twin_resolution(models, **extra):
+    """What SGLang itself resolves for builtin EAGLE with the same flags (never refused by us)."""
+    return resolve(**base_args(models, "EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+                               speculative_num_draft_tokens=4, **extra))
+
+
+def test_refuses_chunked_prefill_below_the_alignment(models):
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer", chunked_prefill_size=64))
+    msg = str(info.value)
+    for text in ("DETSPEC_EAGLE", "--chunked-prefill-size 64:", "flashinfer", "4096 tokens",
+                 "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "never scheduled", "a multiple of 4096", "-1"):
+        assert text in msg, msg
+
+
+def test_refuses_chunked_prefill_off_the_alignment(models):
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE3", attention_backend="flashinfer", chunked_prefill_size=5000))
+    msg = str(info.value)
+    for text in ("DETSPEC_EAGLE3", "--chunked-prefill-size 5000:", "start off the alignment", "a multiple of 4096",
+                 "-1 to turn chunked prefill off"):
+        assert text in msg, msg
+
+
+def test_refuses_sglang_default_chunk_off_the_alignment(models, monkeypatch):
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "3000")
+    default = compat.read_field(twin_resolution(models, attention_backend="flashinfer"), "chunked_prefill_size")
+    assert default > 0 and default % 3000
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer"))
+    msg = str(info.value)
+    assert f"--chunked-prefill-size {default} (SGLang's default for this GPU)" in msg and "3000 tokens" in msg, msg
+
+
+def test_refuses_chunk_per_dp_attention_rank_off_the_alignment(models):
+    dp = dict(attention_backend="flashinfer", tp_size=2, dp_size=2, enable_dp_attention=True)
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=4096, **dp))
+    msg = str(info.value)
+    assert "--chunked-prefill-size 4096 (resolved to 2048 per DP-attention rank, 2 ranks)" in msg, msg
+    assert "a multiple of 8192" in msg, msg
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=8192, **dp))
+    assert compat.read_field(sa, "chunked_prefill_size") == 4096 == scheduler_alignment(sa)
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "triton", "fa3"])
+@pytest.mark.parametrize("chunk", [64, 2048, 4096, 5000, 8192, 12288, -1])
+def test_chunk_sizes_refused_exactly_where_the_scheduler_would_misalign(models, backend, chunk):
+    """Oracle: the installed scheduler's alignment for SGLang's own resolution of the same flags. Covers the
+    release difference (triton aligned on 0.5.17 - 0.5.21 only) and the backends without an alignment."""
+    flags = dict(attention_backend=backend, chunked_prefill_size=chunk)
+    align = scheduler_alignment(twin_resolution(models, **flags))
+    refused = align is not None and chunk > 0 and chunk % align != 0
+    if refused:
+        with pytest.raises(DetspecConfigError, match=f"--chunked-prefill-size {chunk}: .*{align} tokens"):
+            resolve(**base_args(models, "DETSPEC_EAGLE", **flags))
+    else:
+        sa = resolve(**base_args(models, "DETSPEC_EAGLE", **flags))
+        assert compat.read_field(sa, "chunked_prefill_size") == chunk
