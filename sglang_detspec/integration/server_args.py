@@ -432,8 +432,8 @@ def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int
                    f"{chunk} tokens is never scheduled and every request queued behind it waits forever")
         else:
             why = (f"{where}; only a prompt's first chunk is cut to a multiple of it, later chunks are {chunk} "
-                   "tokens long, so they start off the alignment, at offsets that depend on what else was "
-                   "scheduled with the first chunk")
+                   "tokens long, so they start off the alignment (and, for a chunk of twice the alignment or "
+                   "more, at offsets that depend on what else was scheduled with the first chunk)")
         step = alignment.tokens * ranks
         fix = (f"Pass --chunked-prefill-size a multiple of {step} (e.g. {step} or {2 * step}), or -1 to turn "
                f"chunked prefill off; or set {alignment.env_var} to a divisor of {chunk}.")
