@@ -193,3 +193,148 @@ def seeded_verify_coins(
     coins = uniforms[:, :draft_token_num].to(torch.float32).clamp_(max=keys.VERIFY_MAX_COIN).contiguous()
     final = uniforms[:, draft_token_num].to(torch.float32).clamp_(max=keys.VERIFY_MAX_COIN).contiguous()
     return coins, final
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Row-local top-k / top-p / min-p truncation (reference for kernels/row_truncation.py)
+# ---------------------------------------------------------------------------------------------------------
+#
+# The rules (one definition, shared by this reference, the Triton kernel and their tests):
+#   * a row needs truncation iff top_k < V or top_p < 1 or min_p > 0; any other row is returned bit for bit;
+#   * order: value descending, ties by the LOWER index first; r(i) = rank of i in that order;
+#   * fixed-point masses q_i = int64(p_i * 2**60) (truncation), T = int64(top_p * 2**60), and the exclusive
+#     prefix mass E_i = sum of q_j over r(j) < r(i) -- integers, so exact in any summation order;
+#   * kept_i = r(i) == 0 or (r(i) < top_k and E_i <= T and p_i >= float32(p_max * min_p));
+#   * renormalize: S = sum of q over kept, d = float32(S) * 2**-60, kept values become p_i / d (IEEE float32
+#     division), unless S == 0; dropped values become 0.0.
+# "r(i) == 0" only matters for out-of-contract parameters (top_k < 1, top_p <= 0, min_p > 1): a truncated
+# row is never all zero.  Fixed-point masses assume a row sum below 8 (2**63 / 2**60), true for
+# probabilities; larger rows wrap around in int64.
+
+TRUNCATION_FIXED_POINT_BITS = 60
+_ABS_BITS = 0x7FFFFFFF  # float32 bits without the sign: -0.0 ranks as +0.0 (probabilities are >= 0)
+
+
+def validate_truncation_inputs(probs, top_ks, top_ps, min_ps, renormalize, out) -> None:
+    """Shapes, dtypes and devices of :func:`truncate_probs_reference` / the Triton kernel's inputs.
+
+    Checks nothing that would need the values (no host synchronisation: the verify step is captured in
+    CUDA graphs); ``ValueError`` messages name the argument and the fix.
+    """
+    if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
+        raise ValueError(f"probs must be a 2-D [rows, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
+    if probs.dtype != torch.float32:
+        raise ValueError(
+            f"probs must be float32 (what SGLang's sampling softmax produces), got {probs.dtype}; "
+            "cast with probs.float() first"
+        )
+    rows, vocab = probs.shape
+    if vocab < 1:
+        raise ValueError(f"probs must have at least one column (vocab >= 1), got shape {tuple(probs.shape)}")
+    if not isinstance(renormalize, bool):
+        raise ValueError(f"renormalize must be True or False, got {renormalize!r}")
+    params = (
+        ("top_ks", top_ks, (torch.int32, torch.int64), "int32 or int64 (SamplingBatchInfo.top_ks)"),
+        ("top_ps", top_ps, (torch.float32,), "float32 (SamplingBatchInfo.top_ps)"),
+        ("min_ps", min_ps, (torch.float32,), "float32 (SamplingBatchInfo.min_ps), or None for no min-p"),
+    )
+    for name, t, dtypes, what in params:
+        if t is None and name == "min_ps":
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor of {what}, got {type(t).__name__}")
+        if t.dtype not in dtypes:
+            raise ValueError(f"{name} must be {what}, got {t.dtype}")
+        if t.dim() != 1 or t.shape[0] != rows:
+            raise ValueError(
+                f"{name} must have shape [{rows}] (one value per probs row), got {tuple(t.shape)}; slice "
+                f"graph buffers to the live rows ({name}[:{rows}]) and flatten [rows, 1] with .view(-1)"
+            )
+        if t.device != probs.device:
+            raise ValueError(f"{name} is on {t.device} but probs is on {probs.device}; move it with .to(probs.device)")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or out.shape != probs.shape:
+            raise ValueError(
+                f"out must be a float32 tensor of probs' shape {tuple(probs.shape)}, got "
+                f"{getattr(out, 'dtype', type(out))} {tuple(getattr(out, 'shape', ()))}"
+            )
+        if out.device != probs.device:
+            raise ValueError(f"out is on {out.device} but probs is on {probs.device}")
+        if not truncation_out_is_input(probs, out) and _storage_ranges_overlap(probs, out):
+            raise ValueError(
+                "out overlaps probs without being probs itself; pass out=probs for in-place truncation or a "
+                "separate tensor"
+            )
+
+
+def truncation_out_is_input(probs: torch.Tensor, out: torch.Tensor) -> bool:
+    """True when ``out`` is ``probs`` (same memory, same layout): the in-place case."""
+    return out.data_ptr() == probs.data_ptr() and out.stride() == probs.stride()
+
+
+def _storage_ranges_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
+    def span(t):
+        start = t.data_ptr()
+        extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
+        return start, start + extent * t.element_size()
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+def truncate_probs_reference(
+    probs: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: Optional[torch.Tensor],
+    *,
+    renormalize: bool,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Row-local top-k / top-p / min-p truncation by one full sort (the rules are in the comment above).
+
+    A different algorithm from the Triton kernel (which bisects over float bit patterns without sorting):
+    each row is sorted by the unique int64 key ``(0x7FFFFFFF - bits) << 32 | index`` (value descending,
+    lower index first), the exclusive prefix masses are an int64 cumsum of the fixed-point masses, and the
+    kept mask is scattered back.  Runs on any device; materialises several ``[N, V]`` int64 tensors, so it
+    is meant for CPU, tests and audits.  ``out`` may be ``probs`` itself (in place) or a separate tensor.
+    """
+    validate_truncation_inputs(probs, top_ks, top_ps, min_ps, renormalize, out)
+    rows, vocab = probs.shape
+    result = probs.clone()
+    if rows:
+        top_k = top_ks.to(torch.int64).view(-1, 1)
+        top_p = top_ps.view(-1, 1)
+        min_p = torch.zeros_like(top_ps) if min_ps is None else min_ps
+        min_p = min_p.view(-1, 1)
+        needs = ((top_k < vocab) | (top_p < 1) | (min_p > 0)).view(-1)
+
+        scale = float(2**TRUNCATION_FIXED_POINT_BITS)
+        bits = probs.view(torch.int32).to(torch.int64) & _ABS_BITS
+        index = torch.arange(vocab, dtype=torch.int64, device=probs.device).expand(rows, vocab)
+        order_key, _ = torch.sort(((_ABS_BITS - bits) << 32) | index, dim=1)
+        order = order_key & 0xFFFFFFFF  # column index of each rank
+        sorted_p = probs.gather(1, order)
+        sorted_q = (sorted_p * scale).to(torch.int64)  # float32 times 2**60 is exact; the cast truncates
+        exclusive_mass = torch.cumsum(sorted_q, dim=1) - sorted_q
+        ranks = torch.arange(vocab, device=probs.device).view(1, -1)
+        threshold = sorted_p[:, :1] * min_p  # float32 product of the row maximum and min_p
+        kept_sorted = (
+            (ranks < top_k) & (exclusive_mass <= (top_p * scale).to(torch.int64)) & (sorted_p >= threshold)
+        ) | (ranks == 0)
+        kept = torch.zeros_like(kept_sorted).scatter_(1, order, kept_sorted)
+
+        truncated = torch.where(kept, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
+        if renormalize:
+            kept_mass = (sorted_q * kept_sorted).sum(dim=1, keepdim=True)
+            divisor = kept_mass.to(torch.float32) * 2.0**-TRUNCATION_FIXED_POINT_BITS
+            divisor = torch.where(kept_mass > 0, divisor, torch.ones_like(divisor))  # S == 0: no division
+            truncated = torch.where(kept, probs / divisor, truncated)
+        result = torch.where(needs.view(-1, 1), truncated, probs)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
