@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Offline (CPU) rejection-sampling accept length of the weighted tiny pair's EAGLE and EAGLE3 drafts.
+
+Usage: python scripts/estimate_tiny_acceptance.py [--root DIR] [--prompts 16] [--new-tokens 64] [--steps 3]
+                                                  [--temperature 1.0] [--seed 0] [--json]
+Builds the weighted pair once (``ensure_tiny_models(pair="weighted")``), then simulates speculative
+decoding with ``--steps`` chained drafts per verify from ``--prompts`` random prompts (8 tokens each,
+drawn from the seed) on the float32 CPU reference (``sglang_detspec.tiny_reference``). The accept length
+is tokens per verify step (accepted drafts + 1), at most steps + 1, as SGLang reports it.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from sglang_detspec.tiny_models import ensure_tiny_models, tree_digest  # noqa: E402
+from sglang_detspec.tiny_reference import estimate_accept_length, load_reference  # noqa: E402
+
+PROMPT_TOKENS = 8
+FIRST_ORDINARY_TOKEN = 3  # ids 0-2 are <s>, </s>, <unk>
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=None, help="cache root (default: user cache dir)")
+    ap.add_argument("--prompts", type=int, default=16, help="number of random prompts (default 16)")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    ap.add_argument("--steps", type=int, default=3, help="draft steps per verify (default 3, as the e2e servers)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the simulation")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    for name in ("prompts", "new_tokens", "steps"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.temperature <= 0:
+        ap.error("--temperature must be positive (greedy decoding needs no estimate: it accepts by argmax)")
+
+    models = ensure_tiny_models(args.root, pair="weighted")
+    ref = load_reference(models)
+    gen = torch.Generator().manual_seed(args.seed)
+    vocab = ref.cfg["vocab_size"]
+    prompts = [torch.randint(FIRST_ORDINARY_TOKEN, vocab, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(args.prompts)]
+    result = {"models": str(models.target.parent), "digest": tree_digest(models.target.parent), "steps": args.steps,
+              "temperature": args.temperature, "prompts": args.prompts, "new_tokens": args.new_tokens}
+    for kind in ("eagle", "eagle3"):
+        est = estimate_accept_length(ref, kind, prompts=prompts, new_tokens=args.new_tokens, steps=args.steps,
+                                     temperature=args.temperature, seed=args.seed)
+        result[kind] = est._asdict()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"weighted tiny pair: {result['models']} (sha256 of the tree {result['digest'][:16]}...)")
+        for kind in ("eagle", "eagle3"):
+            e = result[kind]
+            print(f"{kind:7s} accept length {e['accept_length']:.3f} +- {e['accept_length_stderr']:.3f} of "
+                  f"{args.steps + 1} over {e['verify_steps']} verify steps; "
+                  f"first-draft acceptance sum min(p, q) = {e['first_draft_acceptance']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
