@@ -349,6 +349,18 @@ def attention_dp_size(server_args: Any) -> int:
     return int(read_field(server_args, "dp_size", 1) or 1) if read_field(server_args, "enable_dp_attention", False) else 1
 
 
+def pd_decode_first_proposal_is_one_hot() -> bool:
+    """How a PD decode server builds a request's first draft input (``build_eagle_disagg_draft_input``).
+
+    True on 0.5.22+: it proposes the draft token handed over by the prefill server with probability one
+    (``pd_first_draft_proposal``). False on 0.5.17 - 0.5.21: it sets no ``draft_probs`` at all, and the first
+    draft step stacks that missing proposal with its own (``draft_probs_list = [spec_info.draft_probs]``).
+    """
+    from sglang.srt.speculative import eagle_disaggregation
+
+    return hasattr(eagle_disaggregation, "pd_first_draft_proposal")
+
+
 # ---------------------------------------------------------------------------------------------------
 # Platform
 # ---------------------------------------------------------------------------------------------------

@@ -82,22 +82,30 @@ deterministic prefill alignment             ``SGLANG_TRITON_PREFILL_TRUNCATION_A
                                             never schedules a longer prompt (the server hangs), a non-multiple
                                             starts later chunks off the alignment. Pass a multiple of the
                                             alignment (times the DP-attention ranks), or -1.
+``--chunked-prefill-size`` > 0 with multi-  The multi-layer worker's prefill draft input depends on where a
+layer EAGLE (switched on by its flag or     prompt was cut (upstream TODO "same chunked-prefill chain
+by a model override)                        divergence as PR #26329"). Pass ``--chunked-prefill-size -1``.
+``--disaggregation-mode prefill`` /         The decode server's first verify of a request differs: 0.5.17 -
+``decode``                                  0.5.21 hand over no draft probabilities, 0.5.22+ propose the
+                                            handed-over token with probability one. Serve in one server.
+``SGLANG_SIMULATE_ACC_LEN`` > 0             Simulated acceptance draws from the global RNG. Unset it (the
+                                            workers refuse it again at construction).
 ==========================================  =================================================================
 
 Not refused, documented instead (checked against BRIEF section 5 and the sources):
 
 * overlap scheduling: allowed. Every sampling key is built from per-request device tensors (seed,
   ``seq_lens`` / positions) on the stream, so the CPU lag of the overlap scheduler cannot shift it.
-* DP attention, TP > 1, two-batch overlap, pipeline parallelism, PD disaggregation: allowed where
-  upstream allows them for EAGLE; batch invariance of the model forward is upstream deterministic mode's
-  job. Only TP=1 without these is exercised by this project's tests.
+* DP attention, TP > 1, two-batch overlap, pipeline parallelism: allowed where upstream allows them for
+  EAGLE; batch invariance of the model forward is upstream deterministic mode's job. Only TP=1 without
+  these is exercised by this project's tests.
 * ``n > 1``: SGLang gives all n samples one seed, so they are identical in deterministic mode (upstream
   behaviour; send n requests with different seeds instead).
 * retraction under memory pressure: a retracted request is re-prefilled and its next token is sampled by
   the target sampler rather than by verify, so the realisation can change under memory pressure
   (inherent; size ``--max-running-requests`` / ``--mem-fraction-static`` to avoid retraction).
 * multi-layer EAGLE: chosen exactly as upstream chooses it (``--enable-multi-layer-eagle`` or a model
-  override); the multi-layer worker owns its numerics caveats.
+  override), with chunked prefill off (table above); the multi-layer worker owns its numerics caveats.
 
 Where SGLang compares the algorithm *name* (not ``is_eagle()``)
 =================================================================
@@ -273,6 +281,33 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
             "that flag captures hidden states without a draft and turns speculative decoding off",
             "Use --speculative-algorithm EAGLE3 to name the capture convention.",
         )
+    mode = _flag(server_args, "disaggregation_mode", "null")
+    if mode not in (None, "null"):
+        if compat.pd_decode_first_proposal_is_one_hot():
+            why = ("the decode server proposes the draft token handed over by the prefill server with "
+                   "probability one (pd_first_draft_proposal): its first verify accepts it with probability "
+                   "p(x) instead of min(1, p(x) / q(x)), so a seed gives other tokens than co-located serving")
+        else:
+            why = ("the draft state the prefill server hands over carries no draft probabilities "
+                   "(build_eagle_disagg_draft_input sets no draft_probs), so the decode server's first "
+                   "rejection-sampling step has no proposal distribution")
+        raise _refuse(
+            name,
+            f"--disaggregation-mode {mode}",
+            why,
+            "Serve prefill and decode in one server (drop --disaggregation-mode), or use "
+            f"--speculative-algorithm {DETSPEC_TWINS[name]} for disaggregated serving (not reproducible).",
+        )
+    simulate = _simulated_acceptance_length()
+    if simulate > 0:
+        raise _refuse(
+            name,
+            f"SGLANG_SIMULATE_ACC_LEN={simulate}",
+            "simulated acceptance, a benchmarking knob, overwrites the verify's accept decisions with draws "
+            "from the global RNG, so a request's tokens would depend on what else is running",
+            "Unset SGLANG_SIMULATE_ACC_LEN (or set it <= 0), or use --speculative-algorithm "
+            f"{DETSPEC_TWINS[name]} for acceptance-length simulations.",
+        )
     if DETSPEC_TWINS[name] == "EAGLE3" and _flag(server_args, "enable_attn_tp_input_scattered", False):
         raise _refuse(
             name,
@@ -281,6 +316,13 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
             "model build time, which the DETSPEC_EAGLE3 name would slip past",
             "Drop --enable-attn-tp-input-scattered.",
         )
+
+
+def _simulated_acceptance_length() -> float:
+    """``SGLANG_SIMULATE_ACC_LEN`` parsed as ``spec_utils`` parses it (``envs``; off when <= 0)."""
+    from sglang.srt.environ import envs
+
+    return float(envs.SGLANG_SIMULATE_ACC_LEN.get())
 
 
 def _refuse_non_nvidia(server_args: Any, name: str) -> None:
@@ -408,9 +450,6 @@ def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int
     if chunk is None or int(chunk) <= 0:
         return  # chunked prefill is off: every prompt is prefilled in one piece
     chunk = int(chunk)
-    alignment = compat.deterministic_prefill_alignment(server_args)
-    if alignment is None or (alignment.tokens > 0 and chunk % alignment.tokens == 0):
-        return
     ranks = compat.attention_dp_size(server_args)
     if requested is None:
         flag = f"--chunked-prefill-size {chunk} (SGLang's default for this GPU)"
@@ -419,6 +458,21 @@ def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int
         if int(requested) != chunk:
             per_rank = f" per DP-attention rank, {ranks} ranks" if ranks > 1 else ""
             flag += f" (resolved to {chunk}{per_rank})"
+    if compat.multi_layer_eagle_enabled(server_args):
+        raise _refuse(
+            name,
+            f"{flag} and multi-layer EAGLE",
+            "the multi-layer draft worker shifts each prefill chunk's tokens by one and appends the target's "
+            "sampled token even where the prompt continues in the next chunk (upstream TODO 'same "
+            "chunked-prefill chain divergence as PR #26329', fixed for the single-layer worker only), so the "
+            "draft KV, hence the draft tokens, depend on where the prompt was cut, which depends on what else "
+            "was scheduled",
+            "Pass --chunked-prefill-size -1 (multi-layer EAGLE is on through --enable-multi-layer-eagle or "
+            "SGLang's override for this model).",
+        )
+    alignment = compat.deterministic_prefill_alignment(server_args)
+    if alignment is None or (alignment.tokens > 0 and chunk % alignment.tokens == 0):
+        return
     where = (
         f"under --enable-deterministic-inference SGLang aligns chunked prefill to {alignment.tokens} tokens for "
         f"the {alignment.backend} prefill backend ({alignment.env_var})"

@@ -157,8 +157,10 @@ def test_rl_on_policy_target_implies_deterministic(models):
 
 
 def test_model_override_for_the_eagle_name_applies(models):
-    """SGLang switches MiMo-V2 to multi-layer EAGLE when the name is "EAGLE"; DETSPEC_EAGLE gets the same."""
-    kw = base_args(models, "DETSPEC_EAGLE", model_path=models["mimo"], attention_backend="triton")
+    """SGLang switches MiMo-V2 to multi-layer EAGLE when the name is "EAGLE"; DETSPEC_EAGLE gets the same
+    (with chunked prefill off, which multi-layer DETSPEC requires)."""
+    kw = base_args(models, "DETSPEC_EAGLE", model_path=models["mimo"], attention_backend="triton",
+                   chunked_prefill_size=-1)
     assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
     kw["speculative_algorithm"] = "EAGLE"
     assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
@@ -367,3 +369,58 @@ def test_chunk_sizes_refused_exactly_where_the_scheduler_would_misalign(models, 
     else:
         sa = resolve(**base_args(models, "DETSPEC_EAGLE", **flags))
         assert compat.read_field(sa, "chunked_prefill_size") == chunk
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-layer EAGLE with chunked prefill, PD disaggregation, simulated acceptance
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["model-override", "flag"])
+def test_refuses_chunked_prefill_with_multi_layer_eagle(models, how):
+    if how == "model-override":  # MiMo-V2: SGLang's override switches multi-layer EAGLE on
+        flags = dict(model_path=models["mimo"], attention_backend="triton")
+    else:
+        flags = dict(enable_multi_layer_eagle=True, attention_backend="flashinfer")
+    # Aligned chunk sizes, so only the multi-layer rule can refuse them.
+    for chunk in (None, 8192):
+        extra = {} if chunk is None else dict(chunked_prefill_size=chunk)
+        with pytest.raises(DetspecConfigError) as info:
+            resolve(**base_args(models, "DETSPEC_EAGLE", **flags, **extra))
+        msg = str(info.value)
+        assert "multi-layer EAGLE" in msg and "#26329" in msg and "Pass --chunked-prefill-size -1" in msg, msg
+        assert (f"--chunked-prefill-size {chunk}" if chunk else "SGLang's default for this GPU") in msg, msg
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=-1, **flags))
+    assert compat.read_field(sa, "enable_multi_layer_eagle") is True
+    # The single-layer worker has upstream's fix: aligned chunked prefill stays allowed there.
+    assert compat.read_field(resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer",
+                                                 chunked_prefill_size=8192)), "chunked_prefill_size") == 8192
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("name", NAMES)
+def test_refuses_pd_disaggregation(models, mode, name):
+    import inspect
+
+    from sglang.srt.speculative import eagle_disaggregation
+
+    # What this release's decode side hands its first verify, read from its source.
+    hands_over_q = "draft_probs" in inspect.getsource(eagle_disaggregation.build_eagle_disagg_draft_input)
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, name, disaggregation_mode=mode))
+    msg = str(info.value)
+    assert f"--disaggregation-mode {mode}" in msg and name in msg, msg
+    assert ("with probability one" if hands_over_q else "no draft probabilities") in msg, msg
+    assert "drop --disaggregation-mode" in msg, msg
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_refuses_simulated_acceptance(models, monkeypatch, name):
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, name))
+    msg = str(info.value)
+    assert "SGLANG_SIMULATE_ACC_LEN=3.0" in msg and name in msg and "global RNG" in msg, msg
+    for off in ("-1", "0"):
+        monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", off)
+        assert compat.read_field(resolve(**base_args(models, name)), "speculative_algorithm") == name
