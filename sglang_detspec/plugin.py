@@ -8,6 +8,8 @@ scheduler, DP-controller and detokenizer process. It registers
   (:mod:`sglang_detspec.integration.algorithm`), and
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
 * a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
+* a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
+  (:mod:`sglang_detspec.integration.worker_checks`),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -47,11 +49,12 @@ def load_plugin() -> Dict[str, object]:
     Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
     """
     try:
-        from sglang_detspec.integration import algorithm, request_validation, server_args
+        from sglang_detspec.integration import algorithm, request_validation, server_args, worker_checks
 
         algorithm.register_algorithms()
         server_args.install_resolution_hook()
         request_validation.install_request_validation()
+        worker_checks.install_scheduler_check()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
@@ -62,6 +65,11 @@ def load_plugin() -> Dict[str, object]:
                 raise RuntimeError(
                     "the server-argument resolution hook on "
                     f"{compat.resolution_entry_target()} could not be applied (see the HookRegistry error above)"
+                )
+            if not worker_checks.scheduler_check_active():
+                raise RuntimeError(
+                    f"the scheduler start-up check on {worker_checks.SCHEDULER_HOOK_TARGET} could not be applied "
+                    "(see the HookRegistry error above)"
                 )
         algorithm.verify_registration()
     except Exception:
@@ -83,11 +91,12 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, server_args
+    from sglang_detspec.integration import algorithm, server_args, worker_checks
 
     return {
         "sglang_version": compat.installed_sglang_version(),
         "algorithms": [name for name in algorithm.DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
         "resolution_target": compat.resolution_entry_target(),
         "resolution_hook_active": server_args.resolution_hook_active(),
+        "scheduler_check_active": worker_checks.scheduler_check_active(),
     }

@@ -438,17 +438,13 @@ def draft_graph_runner_owns_sampling_buffers() -> bool:
 
 
 def draft_proposal_probs(next_token_logits: Any, temperatures: Any) -> Any:
-    """Draft q = softmax(logits / T) exactly as this release's ``sample_draft_proposal`` computes it.
+    """Draft q = ``torch.softmax(logits / T)``, the same on every release and every batch size.
 
-    0.5.23 uses ``spec_utils.sampling_softmax`` (fused kernel on CUDA); 0.5.17 uses
-    ``torch.softmax(logits / T, dim=-1)``. Verify must receive the q the token was drawn from, so each
-    release keeps its own softmax.
+    That is what 0.5.17 - 0.5.21's ``sample_draft_proposal`` computes, and what 0.5.22+'s
+    ``spec_utils.sampling_softmax`` computes everywhere except on SM 10.3 GPUs, where it switches to FlashInfer's
+    softmax for batches of 1 - 64 rows (``cake_kernels.sampling.supports_softmax``): a batch-size dependence the
+    seeded stream must not inherit. Verify receives this very q (the caller hands it on as ``draft_probs``).
     """
-    from sglang.srt.speculative import spec_utils
-
-    sampling_softmax = getattr(spec_utils, "sampling_softmax", None)
-    if sampling_softmax is not None:
-        return sampling_softmax(next_token_logits, temperatures=temperatures)
     import torch
 
     return torch.softmax(next_token_logits / temperatures, dim=-1)

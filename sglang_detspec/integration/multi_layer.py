@@ -84,6 +84,8 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
 from sglang_detspec.integration.upstream_code import code_names, rebind_globals
+from sglang_detspec.integration.verify import rebound_verify
+from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
     "DetspecMultiLayerEagleDraftWorker",
@@ -154,11 +156,11 @@ def decode_draft_softmax(
 def prefill_draft_softmax(
     logits: torch.Tensor, temperatures: torch.Tensor
 ) -> torch.Tensor:
-    """q for the prefill proposal: this release's ``sample_draft_proposal`` softmax.
+    """q for the prefill proposal: ``torch.softmax(logits / T)`` (``compat.draft_proposal_probs``).
 
-    The prefill site is eager in every configuration, so it keeps upstream's
-    numerics (``compat.draft_proposal_probs``: 0.5.23's ``sampling_softmax``,
-    0.5.17's ``torch.softmax(logits / T)``) and stays bit-identical to 0.5.23.
+    The prefill site is eager in every configuration, so it keeps the softmax
+    of upstream's ``sample_draft_proposal`` (bit-identical to 0.5.23 except on
+    SM 10.3, where upstream's choice depends on the batch size).
     """
     return _compat.draft_proposal_probs(logits, temperatures)
 
@@ -445,12 +447,26 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
 
 
 class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
-    """``MultiLayerEagleWorkerV2`` whose draft worker samples seeded proposals.
+    """``MultiLayerEagleWorkerV2`` whose draft worker samples seeded proposals and whose verify is row-local.
 
     Accepts each sglang version's constructor arguments unchanged (0.5.17 adds
     ``ps``).
     """
 
     def __init__(self, *args, **kwargs):
+        refuse_global_rng_verify_paths()
         # Same body; the draft worker it builds by module-global name is ours.
         _upstream(MultiLayerEagleWorkerV2, "__init__")(self, *args, **kwargs)
+        complete_spec_worker(
+            self,
+            draft_worker_cls=DetspecMultiLayerEagleDraftWorker,
+            upstream_owner=MultiLayerEagleWorkerV2,
+            build_rebound=[
+                functools.partial(_upstream, MultiLayerEagleDraftWorker, name)
+                for name in ("_draft_extend_for_prefill", "_draft_extend_for_decode", "_capture_cuda_graphs")
+            ],
+        )
+
+    def verify(self, *args, **kwargs):
+        # Upstream body; its target truncation is the row-local one (integration/verify.py).
+        return rebound_verify(MultiLayerEagleWorkerV2)(self, *args, **kwargs)

@@ -35,7 +35,7 @@ Under CUDA-graph capture all of this is plain Python that runs once; the
 tensors the stand-ins read (seed, position and top-k buffers) are the runner's
 persistent buffers, so a replay reads the refreshed values.
 
-The private globals are snapshotted lazily on first use (after every plugin
+The private globals are snapshotted when the worker is built (after every plugin
 and ``HookRegistry`` patch of the scheduler process has been applied), and
 only ever shadow the few names above.
 
@@ -54,11 +54,18 @@ What is overridden (same on 0.5.17 and 0.5.23 unless stated)
 * ``EAGLEDraftCudaGraphRunner.capture_one_shape`` / ``execute``: allocate,
   capture and refresh seed / top-k buffers; a no-op on 0.5.23, whose runner
   already owns them.
-* Not overridden: verify. Under deterministic inference every batch carries
-  ``sampling_seed``, and both releases' ``_verify_coins`` then use the
-  (identical) ``_seeded_verify_coins`` instead of ``torch.rand``; the
-  rejection kernel itself draws nothing. The draft-extend graph runner returns
-  logits only; the worker-side sampling above covers it.
+* ``EAGLEWorkerV2.verify``: upstream body with the row-local target truncation
+  of :mod:`sglang_detspec.integration.verify`. Its coins need no change: under
+  deterministic inference every batch carries ``sampling_seed``, and every
+  release's ``_verify_coins`` then uses the (identical) ``_seeded_verify_coins``
+  instead of ``torch.rand``; the rejection kernel itself draws nothing.
+* The target model runner's sampler (first token after prefill) is the
+  token-id-keyed one of :mod:`sglang_detspec.integration.target_sampler`.
+* Not overridden: the draft-extend graph runner; it returns logits only, and
+  the worker-side sampling above covers it.
+
+Every rebound body and name is checked when the worker is built
+(:mod:`sglang_detspec.integration.worker_checks`).
 
 Deliberate difference from 0.5.23: the prefill draft-extend proposes the
 argmax for greedy rows (upstream draws them), so greedy requests in sampled
@@ -84,7 +91,9 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWork
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
-from sglang_detspec.integration.upstream_code import code_names, rebind_globals
+from sglang_detspec.integration.upstream_code import rebind
+from sglang_detspec.integration.verify import rebound_verify
+from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
     "DetspecEAGLEWorkerV2",
@@ -266,25 +275,40 @@ def _detspec_sample_draft_proposal(
 # ---------------------------------------------------------------------------
 
 
+# Which upstream names each rebound method must read (the same in 0.5.17 - 0.5.23); a method that stops reading
+# one fails loudly when the worker is built, instead of silently keeping upstream's unseeded sampler.
+_REBOUND_NAMES = {
+    (EagleDraftWorker, "draft_forward"): ("sample_draft_proposal",),
+    (EagleDraftWorker, "_draft_extend_for_prefill"): ("fast_sample",),
+    (EagleDraftWorker, "_draft_extend_for_decode"): ("sample_draft_proposal",),
+    (EagleDraftWorker, "_capture_cuda_graphs"): ("EAGLEDraftCudaGraphRunner",),
+    (EAGLEWorkerV2, "__init__"): ("EagleDraftWorker",),
+}
+
+
+def _replacements() -> Dict[str, Any]:
+    return {
+        "fast_sample": _detspec_fast_sample,
+        "sample_draft_proposal": _detspec_sample_draft_proposal,
+        "EagleDraftWorker": DetspecEagleDraftWorker,
+        "EAGLEDraftCudaGraphRunner": DetspecEAGLEDraftCudaGraphRunner,
+    }
+
+
 @functools.lru_cache(maxsize=None)
 def _upstream(owner: type, name: str) -> Callable:
     """Upstream ``owner.name`` running with the DETSPEC stand-in names.
 
-    Built lazily (first call happens in the scheduler process after all plugin
-    patches are applied) and cached per (class, method).
+    Built at worker construction (in the scheduler process, after all plugin patches are applied) and cached
+    per (class, method).
     """
-    overrides: Dict[str, Any] = {}
-    func = getattr(owner, name)
-    names = code_names(func.__code__)
-    if "fast_sample" in names:
-        overrides["fast_sample"] = _detspec_fast_sample
-    if "sample_draft_proposal" in names:
-        overrides["sample_draft_proposal"] = _detspec_sample_draft_proposal
-    if "EagleDraftWorker" in names:
-        overrides["EagleDraftWorker"] = DetspecEagleDraftWorker
-    if "EAGLEDraftCudaGraphRunner" in names:
-        overrides["EAGLEDraftCudaGraphRunner"] = DetspecEAGLEDraftCudaGraphRunner
-    return rebind_globals(func, overrides)
+    wanted = _REBOUND_NAMES[(owner, name)]
+    replacements = _replacements()
+    return rebind(
+        vars(owner)[name],
+        {n: (lambda _original, value=replacements[n]: value) for n in wanted},
+        required=wanted,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -435,33 +459,24 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
 
 
 class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
-    """``EAGLEWorkerV2`` that builds a :class:`DetspecEagleDraftWorker`.
+    """``EAGLEWorkerV2`` that builds a :class:`DetspecEagleDraftWorker` and verifies row-locally.
 
-    Everything else (verify, overlap, graphs) is upstream. Verify coins need
-    no change: under deterministic inference ``sampling_info.sampling_seed`` is
-    always set, so both 0.5.17 and 0.5.23 ``eagle_sample`` take
-    ``_seeded_verify_coins`` (identical in both) instead of ``torch.rand``.
+    ``verify`` is upstream's body whose target truncation is the project's row-local one
+    (:mod:`sglang_detspec.integration.verify`); the target model runner samples with the token-id-keyed
+    sampler (:mod:`sglang_detspec.integration.target_sampler`). Overlap and graphs are upstream. Verify coins
+    need no change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every
+    release's ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
     """
 
     def __init__(self, *args, **kwargs):
-        _refuse_global_rng_verify_paths()
+        refuse_global_rng_verify_paths()
         _upstream(EAGLEWorkerV2, "__init__")(self, *args, **kwargs)
-
-
-def _refuse_global_rng_verify_paths() -> None:
-    """Refuse, at worker construction, verify paths that still draw from the global RNG.
-
-    ``SGLANG_SIMULATE_ACC_LEN`` (a benchmarking knob read at import into
-    ``spec_utils.SIMULATE_ACC_LEN``) makes ``eagle_sample`` overwrite the
-    accept decisions with ``torch.multinomial`` / NumPy draws on both 0.5.17
-    and 0.5.23; nothing seeds them, so outputs would again depend on batch
-    composition.
-    """
-    simulate = getattr(_spec_utils, "SIMULATE_ACC_LEN", -1)
-    if simulate is not None and simulate > 0 and _deterministic_inference_enabled():
-        raise ValueError(
-            "DETSPEC speculative decoding is reproducible per seed only without "
-            f"SGLANG_SIMULATE_ACC_LEN (set to {simulate}): simulated acceptance draws "
-            "from the global RNG. Unset it, or use --speculative-algorithm EAGLE for "
-            "acceptance-length simulations."
+        complete_spec_worker(
+            self,
+            draft_worker_cls=DetspecEagleDraftWorker,
+            upstream_owner=EAGLEWorkerV2,
+            build_rebound=[functools.partial(_upstream, owner, name) for owner, name in _REBOUND_NAMES],
         )
+
+    def verify(self, *args, **kwargs):
+        return rebound_verify(EAGLEWorkerV2)(self, *args, **kwargs)

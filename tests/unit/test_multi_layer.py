@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import sglang_verify_harness as harness
 import sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner as mlr
 import sglang.srt.speculative.multi_layer_eagle_worker_v2 as mlw
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -29,6 +30,7 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 
 from sglang_detspec.integration import multi_layer as ml
 from sglang_detspec.integration import proposal
+from sglang_detspec.integration.target_sampler import detspec_sampler_class
 
 SGLANG_0523 = "sampling_seed" in {
     f.name for f in dataclasses.fields(mlr.MultiLayerEagleDraftExtendInputBuffers)
@@ -766,7 +768,7 @@ def test_worker_builds_detspec_draft_worker(monkeypatch):
         self.parallel_layout = None
 
     monkeypatch.setattr(ml.DetspecMultiLayerEagleDraftWorker, "__init__", fake_draft_init)
-    target = object()
+    target = harness.bare_target_worker()
     spec = dict(speculative_eagle_topk=1, speculative_num_steps=NUM_STEPS,
                 speculative_num_draft_tokens=NUM_DRAFT_TOKENS)
     if "ps" in inspect.signature(mlw.MultiLayerEagleWorkerV2.__init__).parameters:
@@ -788,3 +790,5 @@ def test_worker_builds_detspec_draft_worker(monkeypatch):
     assert len(built) == 1 and built[0][-1] is target
     assert worker.speculative_num_steps == NUM_STEPS
     assert isinstance(worker, mlw.MultiLayerEagleWorkerV2)
+    # The target model runner now samples with the token-id-keyed DETSPEC sampler.
+    assert isinstance(target.model_runner.sampler, detspec_sampler_class())

@@ -23,10 +23,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import sglang_verify_harness as harness
 from sglang.srt.runtime_context import get_context
 
 from sglang_detspec.integration import proposal as proposal_mod
 from sglang_detspec.integration import single_layer as sl
+from sglang_detspec.integration.target_sampler import detspec_sampler_class
 
 V = 48
 HIDDEN = 8
@@ -629,7 +631,8 @@ def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkey
         speculative_algorithm="EAGLE",
         speculative_adaptive=False,
     )
-    kwargs = dict(server_args=server_args, gpu_id=0, nccl_port=0, target_worker=None)
+    target = harness.bare_target_worker()
+    kwargs = dict(server_args=server_args, gpu_id=0, nccl_port=0, target_worker=target)
     if "ps" in params:  # 0.5.17 passes the ParallelState explicitly
         kwargs["ps"] = None
     with contextlib.ExitStack() as stack:
@@ -642,6 +645,9 @@ def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkey
     assert type(builtin._draft_worker) is EagleDraftWorker
     assert built == [sl.DetspecEagleDraftWorker, EagleDraftWorker]
     assert isinstance(detspec, EAGLEWorkerV2)
+    # The target model runner now samples with the token-id-keyed DETSPEC sampler (the builtin worker built
+    # after it shares the target worker here; a real server has one of the two).
+    assert isinstance(target.model_runner.sampler, detspec_sampler_class())
 
 
 def test_capture_builds_the_detspec_draft_graph_runner():
