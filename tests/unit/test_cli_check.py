@@ -1,4 +1,6 @@
-"""``sglang-detspec check`` against a local fake SGLang server (tests/unit/fake_sglang_server.py).
+"""``sglang-detspec check`` against a local fake SGLang server (tests/unit/fake_sglang_server.py): connecting,
+waiting, errors, the uniform profile's verdicts and the report. The other traffic profiles are in
+test_cli_check_traffic.py.
 
 The CLI runs as a real subprocess (``python -m sglang_detspec check ...``) so exit codes and stderr are the ones
 a user sees; ``run_check`` (the function the GPU end-to-end tests call) is exercised in-process.
@@ -16,7 +18,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from fake_sglang_server import DIVERGE_AT, ERROR_MESSAGE, FakeSGLang, detokenize, token_ids  # noqa: E402
 
-from sglang_detspec.cli import DEFAULT_PROMPT, CliError, run_check  # noqa: E402
+from sglang_detspec.checker import DEFAULT_PROMPT, run_check  # noqa: E402
+from sglang_detspec.command_base import CliError  # noqa: E402
 
 
 def cli(*args, timeout=120):
@@ -39,7 +42,8 @@ def free_port() -> int:
 
 def test_deterministic_server_passes_and_load_really_varies():
     with FakeSGLang("deterministic", delay=0.02) as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "6", "--max-fillers", "5", "--no-progress")
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "6", "--max-fillers", "5",
+                   "--no-progress")
         probes = fake.probe_responses(DEFAULT_PROMPT)
         fillers = [q for q in fake.generate_requests if q["text"] != DEFAULT_PROMPT]
         max_inflight = fake.max_inflight
@@ -60,7 +64,8 @@ def test_deterministic_server_passes_and_load_really_varies():
 
 def test_nondeterministic_server_fails_with_first_diverging_token():
     with FakeSGLang("nondeterministic") as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "4", "--max-fillers", "3", "--no-progress")
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "4", "--max-fillers", "3",
+                   "--no-progress")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "4 unique probe output(s) in 4 trials" in proc.stdout
     assert "3 of 3 trials differ from trial 0" in proc.stdout
@@ -71,14 +76,16 @@ def test_nondeterministic_server_fails_with_first_diverging_token():
 def test_batch_dependent_server_fails():
     # The output depends on how many requests were in flight: the check's changing load must expose it.
     with FakeSGLang("batch_dependent", delay=0.05) as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "4", "--max-fillers", "6", "--no-progress")
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "4", "--max-fillers", "6",
+                   "--no-progress")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"first divergence at token {DIVERGE_AT}:" in proc.stdout
 
 
 def test_text_only_server_compares_characters():
     with FakeSGLang("nondeterministic", output_ids=False) as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "3", "--max-fillers", "2", "--no-progress")
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "3", "--max-fillers", "2",
+                   "--no-progress")
         texts = [r["text"] for r in fake.probe_responses(DEFAULT_PROMPT)]
     assert proc.returncode == 1
     assert "compared as text" in proc.stdout
@@ -119,7 +126,7 @@ def test_non_sglang_endpoint_is_one_clear_line(mode):
 
 def test_timeout_is_one_clear_line():
     with FakeSGLang("deterministic", delay=3.0) as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "0", "--timeout", "0.5",
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "0", "--timeout", "0.5",
                    "--no-progress")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -215,7 +222,7 @@ def test_old_info_endpoint_and_plugin_absent_note():
 def test_report_json(tmp_path):
     report = tmp_path / "check.json"
     with FakeSGLang("deterministic") as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "3", "--max-fillers", "4", "--seed", "7",
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "3", "--max-fillers", "4", "--seed", "7",
                    "--temperature", "0.8", "--max-new-tokens", "9", "--seeds", "1,2,3", "--report", str(report),
                    "--no-progress")
     assert proc.returncode == 0, proc.stderr
@@ -241,7 +248,8 @@ def test_report_json(tmp_path):
 def test_report_json_on_failure(tmp_path):
     report = tmp_path / "check.json"
     with FakeSGLang("nondeterministic") as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "3", "--max-fillers", "1", "--report", str(report),
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "3", "--max-fillers", "1", "--report",
+                   str(report),
                    "--no-progress")
     assert proc.returncode == 1
     data = json.loads(report.read_text())
@@ -264,7 +272,7 @@ def test_seeds_identical_outputs_fail():
 
 def test_seeds_distinct_pass():
     with FakeSGLang("deterministic") as fake:
-        proc = cli("check", "--url", fake.url, "--trials", "2", "--max-fillers", "1", "--seeds", "5,6,7",
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "1", "--seeds", "5,6,7",
                    "--no-progress")
         seeds_sent = [q["sampling_params"]["sampling_seed"] for q in fake.generate_requests
                       if q["text"] == DEFAULT_PROMPT]
@@ -283,7 +291,7 @@ def test_usage_errors(args):
 
 def test_run_check_api():
     with FakeSGLang("deterministic", report_accept_length=False) as fake:
-        res = run_check(fake.url, trials=3, max_fillers=2, max_new_tokens=10, seeds=[1, 2])
+        res = run_check(fake.url, traffic="uniform", trials=3, max_fillers=2, max_new_tokens=10, seeds=[1, 2])
     assert res.passed and res.deterministic and res.unique_outputs == 1
     assert res.compared == "output_ids"
     assert res.server.plugin_active and res.server.avg_spec_accept_length is None

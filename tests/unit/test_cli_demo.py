@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_detspec import cli
+from sglang_detspec import cli, demo
 from sglang_detspec.reference import seeded_draft_sample
 
 
@@ -45,7 +45,7 @@ def test_demo_passes_and_table_is_consistent():
 
 def test_demo_table_is_the_reference_draws():
     """Each printed row is that request's reference draw, recomputed here one request at a time."""
-    res = cli.run_demo()
+    res = demo.run_demo()
     rows = [r for r in (ROW.match(line) for line in res.text.splitlines()) if r]
     assert len(rows) == len(res.seeds) == 8
     for i, r in enumerate(rows):
@@ -77,8 +77,8 @@ def test_demo_detects_a_kernel_that_disagrees(monkeypatch):
         pk, ik = seeded_draft_sample(p, s, pos, step)
         return pk, (ik + 1) % p.shape[1]
 
-    monkeypatch.setattr(cli, "_load_kernel", lambda: (off_by_one, "test"))
-    res = cli.run_demo(kernel=True)
+    monkeypatch.setattr(demo, "_load_kernel", lambda: (off_by_one, "test"))
+    res = demo.run_demo(kernel=True)
     assert not res.passed
     assert "[FAIL] batch-invariant: 0/8" in res.text
 
@@ -104,7 +104,7 @@ def _biased(probs, seeds, positions, step):
      (_biased, ["a true sampler"])],
 )
 def test_demo_detects_broken_samplers(sampler, failing):
-    res = cli.run_demo(sampler)
+    res = demo.run_demo(sampler)
     assert not res.passed
     for line in res.text.splitlines():
         for name in ("batch-invariant", "seed-dependent", "a true sampler"):
@@ -113,9 +113,39 @@ def test_demo_detects_broken_samplers(sampler, failing):
     assert "FAIL: an invariant does not hold" in res.text
 
 
-def test_demo_bad_batch_is_usage_error():
-    proc = run("demo", "--batch", "1")
-    assert proc.returncode == 2 and "--batch" in proc.stderr
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "1"], "argument --batch: must be in 2..32, got 1"),
+    (["--batch", "0"], "argument --batch: must be in 2..32, got 0"),
+    (["--batch", "33"], "argument --batch: must be in 2..32, got 33"),
+    (["--batch", "x"], "argument --batch: expected an integer, got 'x'"),
+    (["--vocab", "-5"], "argument --vocab: must be >= 8, got -5"),
+    (["--vocab", "7"], "argument --vocab: must be >= 8, got 7"),
+])
+def test_demo_bad_arguments_name_the_argument_and_its_range(args, message):
+    proc = run("demo", *args)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: sglang-detspec demo"), proc.stderr
+    assert f"sglang-detspec demo: error: {message}" in proc.stderr
+
+
+def test_demo_accepts_the_edges_of_its_ranges():
+    res = demo.run_demo(batch=2, vocab=8)
+    assert res.passed and len(res.seeds) == 2
+
+
+def test_demo_help_documents_the_ranges():
+    out = run("demo", "--help").stdout
+    assert "2..32" in out and ">= 8" in out
+
+
+def test_bench_help_lists_the_benchmarks_own_options():
+    proc = run("bench", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: sglang-detspec bench")
+    # The benchmark's real options (its parser lives in sglang_detspec.benchmark.main), not only -h.
+    for option in ("--out", "--quick", "--calls-per-graph", "--replays", "--vocab", "--batch"):
+        assert option in proc.stdout, option
+    assert "usage: bench_sampler" not in proc.stdout and "examples:" in proc.stdout
 
 
 @pytest.mark.parametrize("command", ["serve", "check", "bench", "demo"])

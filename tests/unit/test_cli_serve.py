@@ -1,4 +1,5 @@
-"""``sglang-detspec serve``: the launch command it builds, its refusal without a GPU, signal forwarding."""
+"""``sglang-detspec serve``: the launch command it builds, its dry run through SGLang's own resolution (the
+plugin's refusals included), its refusal without a GPU, signal forwarding."""
 
 import argparse
 import os
@@ -62,11 +63,13 @@ def test_serve_refuses_cleanly_without_gpu():
     assert proc.stdout == ""
 
 
-def test_dry_run_tiny_models(tmp_path):
-    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), env={"TRITON_INTERPRET": "1"})
+@pytest.mark.parametrize("pair", ["weighted", "dummy"])
+def test_dry_run_tiny_models(tmp_path, pair):
+    args = ["--tiny-pair", pair] if pair == "dummy" else []  # weighted is the default
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), *args, env={"TRITON_INTERPRET": "1"})
     assert proc.returncode == 0, proc.stderr
     assign, unset, args = split_dry_run(proc.stdout)
-    models = ensure_tiny_models(tmp_path)  # already built by the command: same directories
+    models = ensure_tiny_models(tmp_path, pair=pair)  # already built by the command: same directories
     assert opt(args, "--model-path") == str(models.target)
     assert opt(args, "--speculative-draft-model-path") == str(models.eagle_draft)
     assert opt(args, "--speculative-algorithm") == "DETSPEC_EAGLE"
@@ -75,47 +78,107 @@ def test_dry_run_tiny_models(tmp_path):
     assert opt(args, "--speculative-eagle-topk") == "1"
     assert opt(args, "--speculative-num-draft-tokens") == "4"
     assert opt(args, "--attention-backend") == "triton"
-    assert opt(args, "--load-format") == "dummy"
-    assert opt(args, "--speculative-draft-load-format") == "dummy"
     assert opt(args, "--port") == "30000"
-    # Offline: the tiny models have a local tokenizer and no weights; the GPU server must not be interpreted.
+    if pair == "dummy":
+        assert opt(args, "--load-format") == "dummy"
+        assert opt(args, "--speculative-draft-load-format") == "dummy"
+    else:  # real (generated) weights, loaded with SGLang's default format
+        assert "--load-format" not in args and "--speculative-draft-load-format" not in args
+        assert list(models.target.glob("*.safetensors")), "the weighted pair has weight files"
+    # Offline: the tiny models have a local tokenizer; the GPU server must not be interpreted.
     assert assign.get("HF_HUB_OFFLINE") == "1"
     assert "TRITON_INTERPRET" in unset
     assert (models.target / "tokenizer.json").is_file()
+    # SGLang resolved the command with the plugin (the dry run is the real resolution).
+    assert "with sglang-detspec resolves" in proc.stderr
+    assert ("algorithm DETSPEC_EAGLE, steps 3, topk 1, draft tokens 4, rejection sampling on, "
+            "deterministic inference on, attention backend triton") in proc.stderr
 
 
 def test_dry_run_eagle3_and_passthrough(tmp_path):
     proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--algorithm", "DETSPEC_EAGLE3",
-               "--port", "31234", "--mem-fraction-static", "0.5", "--", "--log-level", "debug")
+               "--port", "31234", "--mem-fraction-static", "0.5", "--", "--log-level", "warning")
     assert proc.returncode == 0, proc.stderr
     _, _, args = split_dry_run(proc.stdout)
-    models = ensure_tiny_models(tmp_path)
+    models = ensure_tiny_models(tmp_path, pair="weighted")
     assert opt(args, "--speculative-draft-model-path") == str(models.eagle3_draft)
     assert opt(args, "--speculative-algorithm") == "DETSPEC_EAGLE3"
     assert opt(args, "--port") == "31234"
     # A passed-through flag replaces the default instead of appearing twice.
     assert opt(args, "--mem-fraction-static") == "0.5"
-    assert args[-2:] == ["--log-level", "debug"]
+    assert args[-2:] == ["--log-level", "warning"]
+    assert "algorithm DETSPEC_EAGLE3, steps 3, topk 1, draft tokens 4, rejection sampling on" in proc.stderr
 
 
 def test_dry_run_user_model(tmp_path):
-    proc = cli("serve", "--dry-run", "--model-path", "org/target", "--draft-model-path", "org/draft",
+    # The tiny pair's directories stand in for the user's models: the dry run reads their config.json.
+    models = ensure_tiny_models(tmp_path, pair="dummy")
+    proc = cli("serve", "--dry-run", "--model-path", str(models.target), "--draft-model-path", str(models.eagle_draft),
                "--attention-backend", "fa3", "--", "--tp", "2", env={"SGLANG_PLUGINS": "other"})
     assert proc.returncode == 0, proc.stderr
     assign, _, args = split_dry_run(proc.stdout)
-    assert opt(args, "--model-path") == "org/target"
-    assert opt(args, "--speculative-draft-model-path") == "org/draft"
+    assert opt(args, "--model-path") == str(models.target)
+    assert opt(args, "--speculative-draft-model-path") == str(models.eagle_draft)
     assert opt(args, "--attention-backend") == "fa3"
     assert "--load-format" not in args and "--mem-fraction-static" not in args
     assert args[-2:] == ["--tp", "2"]
     assert "HF_HUB_OFFLINE" not in assign
     # SGLANG_PLUGINS filters entry points: ours must stay in the list or DETSPEC_EAGLE is unknown.
     assert assign["SGLANG_PLUGINS"] == "other,detspec"
+    assert "attention backend fa3" in proc.stderr
+
+
+def test_dry_run_refuses_what_the_plugin_refuses(tmp_path):
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy", "--topk", "2")
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # no command to copy: a launch would fail the same way
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang-detspec serve: error: sglang-detspec refuses the launch: ")
+    assert "--speculative-eagle-topk 2" in last
+
+
+def test_dry_run_draft_tokens_follow_the_steps(tmp_path):
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy", "--num-steps", "5")
+    assert proc.returncode == 0, proc.stderr
+    _, _, args = split_dry_run(proc.stdout)
+    assert opt(args, "--speculative-num-steps") == "5"
+    assert opt(args, "--speculative-num-draft-tokens") == "6"
+    assert "steps 5, topk 1, draft tokens 6" in proc.stderr and "note: SGLang resolves" not in proc.stderr
+    # An explicit value SGLang overrides is named, so the printed command does not mislead.
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy",
+               "--num-draft-tokens", "7")
+    assert proc.returncode == 0, proc.stderr
+    assert "note: SGLang resolves --speculative-num-draft-tokens 7 to 4" in proc.stderr
+
+
+def test_dry_run_of_an_unreadable_model_fails_like_the_launch(tmp_path):
+    proc = cli("serve", "--dry-run", "--model-path", str(tmp_path / "missing"), "--draft-model-path", str(tmp_path),
+               env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].startswith("sglang-detspec serve: error: SGLang cannot resolve the launch")
+
+
+def test_dry_run_without_sglang_says_it_did_not_validate(tmp_path):
+    # sys.modules["sglang"] = None makes SGLang unimportable (find_spec answers None), as in an environment without it.
+    code = ("import sys; sys.modules['sglang'] = None; from sglang_detspec.cli import main; "
+            f"sys.exit(main(['serve', '--dry-run', '--tiny-pair', 'dummy', '--tiny-models-dir', {str(tmp_path)!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    _, _, args = split_dry_run(proc.stdout)
+    assert opt(args, "--speculative-algorithm") == "DETSPEC_EAGLE"
+    assert proc.stderr.strip() == ("note: SGLang is not installed in this environment, so the command above was "
+                                   "neither parsed nor resolved; install sglang to validate it here")
+
+
+def test_unknown_tiny_pair_is_usage_error():
+    proc = cli("serve", "--dry-run", "--tiny-pair", "huge")
+    assert proc.returncode == 2
+    assert "argument --tiny-pair: invalid choice: 'huge'" in proc.stderr and "'dummy', 'weighted'" in proc.stderr
 
 
 def test_dry_run_command_parses_with_installed_sglang(tmp_path):
     """Every flag serve emits exists in the installed SGLang's own launch_server parser (0.5.17 and 0.5.23)."""
-    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path))
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy")
     assert proc.returncode == 0, proc.stderr
     _, _, args = split_dry_run(proc.stdout)
     from sglang.srt.server_args import ServerArgs
@@ -123,7 +186,7 @@ def test_dry_run_command_parses_with_installed_sglang(tmp_path):
     parser = argparse.ArgumentParser(exit_on_error=False)
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(args)
-    assert ns.model_path == str(ensure_tiny_models(tmp_path).target)
+    assert ns.model_path == str(ensure_tiny_models(tmp_path, pair="dummy").target)
     assert ns.speculative_algorithm == "DETSPEC_EAGLE"
     assert ns.enable_deterministic_inference is True
     assert ns.speculative_num_draft_tokens == 4 and ns.speculative_eagle_topk == 1
@@ -158,7 +221,7 @@ def test_signals_are_forwarded_and_exit_code_returned(tmp_path, sig):
     child.write_text(CHILD)
     out = tmp_path / "out.txt"
     wrapper = (
-        "import sys; from sglang_detspec.cli import run_forwarding_signals; "
+        "import sys; from sglang_detspec.serve import run_forwarding_signals; "
         f"sys.exit(run_forwarding_signals([sys.executable, {str(child)!r}, {str(out)!r}]))"
     )
     proc = subprocess.Popen([sys.executable, "-c", wrapper])
@@ -178,7 +241,7 @@ def test_signals_are_forwarded_and_exit_code_returned(tmp_path, sig):
 
 
 def test_killed_child_exit_code(tmp_path):
-    from sglang_detspec.cli import run_forwarding_signals
+    from sglang_detspec.serve import run_forwarding_signals
 
     rc = run_forwarding_signals([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     assert rc == 128 + 9

@@ -1,0 +1,260 @@
+"""What ``check`` found: the result dataclasses, the JSON report (``--report``) and the printed text."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sglang_detspec.checker.client import ServerInfo
+from sglang_detspec.command_base import PROG
+
+
+@dataclass
+class FillerRecord:
+    """One filler request of a trial, as sent, with the prompt length the server counted."""
+
+    kind: str
+    prompt_words: int
+    max_new_tokens: int
+    sampling_params: dict
+    prompt_tokens: int | None = None
+    streamed: bool = False
+    delay_fraction: float = 0.0
+
+
+@dataclass
+class Trial:
+    """One probe completion and the traffic it ran next to."""
+
+    index: int  # position in the whole run (all profiles)
+    profile: str
+    profile_trial: int  # position within its profile
+    arrival: str  # see sglang_detspec.checker.traffic (alone, during, before, after, warmed)
+    label: str
+    seed: int
+    fillers: int
+    filler_max_new_tokens: list[int]
+    filler_prompt_words: list[int]
+    text: str
+    output_ids: list[int] | None
+    filler_details: list[FillerRecord] = field(default_factory=list)
+    flushed_cache: bool = False
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+
+
+def output_key(trial: Trial, use_ids: bool):
+    return tuple(trial.output_ids) if use_ids else trial.text
+
+
+@dataclass
+class Divergence:
+    """Where the first probe output that differs from the reference (trial 0 of the run) starts to differ."""
+
+    unit: str  # "token" (output_ids) or "character" (text)
+    position: int
+    trial: int  # Trial.index
+    expected: Any  # the reference's token/character at that position (None: its output ended there)
+    got: Any
+
+
+@dataclass
+class ProfileResult:
+    """One traffic profile's trials compared with each other and with the run's reference output."""
+
+    name: str
+    trials: list[int]  # Trial.index of its trials
+    unique_outputs: int
+    differing_trials: list[int]  # those whose output differs from the reference
+    divergence: Divergence | None  # the earliest one among them
+    probe_accept_length: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.differing_trials
+
+
+@dataclass
+class SeedsCheck:
+    """Distinct seeds must give distinct outputs; a collision means the seed is ignored (e.g. greedy decoding)."""
+
+    seeds: list[int]
+    outputs: list[Trial]
+    collisions: list[tuple[int, int]]
+
+    @property
+    def passed(self) -> bool:
+        return not self.collisions
+
+
+def mean_accept_length(trials: list[Trial]) -> float | None:
+    vals = [t.spec_accept_length for t in trials if t.spec_accept_length is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+@dataclass
+class CheckResult:
+    url: str
+    server: ServerInfo
+    prompt: str
+    seed: int
+    temperature: float
+    max_new_tokens: int
+    traffic: list[str]
+    trials: list[Trial]
+    profiles: list[ProfileResult]
+    compared: str  # "output_ids" or "text"
+    unique_outputs: int  # over every trial of every profile
+    divergence: Divergence | None
+    seeds_check: SeedsCheck | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.unique_outputs == 1
+
+    @property
+    def passed(self) -> bool:
+        return self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
+
+    @property
+    def differing_trials(self) -> list[int]:
+        """Trials whose probe output differs from the reference (trial 0)."""
+        return [i for p in self.profiles for i in p.differing_trials]
+
+    @property
+    def probe_accept_length(self) -> float | None:
+        return mean_accept_length(self.trials)
+
+    def to_dict(self) -> dict:
+        from sglang_detspec import __version__
+
+        d = asdict(self)
+        for p, pd in zip(self.profiles, d["profiles"]):
+            pd["passed"] = p.passed
+        d = {
+            "tool": f"{PROG} check",
+            "tool_version": __version__,
+            **d,
+            "deterministic": self.deterministic,
+            "passed": self.passed,
+            "probe_accept_length": self.probe_accept_length,
+            "differing_trials": self.differing_trials,
+        }
+        if self.seeds_check is not None:
+            d["seeds_check"]["passed"] = self.seeds_check.passed
+        return d
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the printed report
+
+
+def _show(unit: str, value: Any) -> str:
+    if value is None:
+        return "the end"
+    return f"id {value}" if unit == "token" else repr(value)
+
+
+def _where(result: CheckResult, index: int) -> str:
+    t = result.trials[index]
+    return f"trial {index} ({t.profile} {t.profile_trial})" if len(result.profiles) > 1 else f"trial {index}"
+
+
+def _range(values: list[int]) -> str:
+    return f"{min(values)}-{max(values)}" if min(values) != max(values) else f"{values[0]}"
+
+
+def _profile_setup(result: CheckResult, p: ProfileResult) -> str:
+    """What the profile's trials ran next to, in a few words (the JSON report has every request)."""
+    trials = [result.trials[i] for i in p.trials]
+    if p.name == "uniform":
+        return f"next to {_range([t.fillers for t in trials])} concurrent filler requests"
+    if p.name == "mixed":
+        kinds = list(dict.fromkeys(f.kind for t in trials for f in t.filler_details))
+        arrivals = [a for a in ("before", "during", "after") if any(t.arrival == a for t in trials)]
+        return (f"next to {len(kinds)} kinds of filler ({', '.join(kinds)}); the probe {'/'.join(arrivals)} "
+                "their prefill")
+    if p.name == "long":
+        counted = [f.prompt_tokens for t in trials for f in t.filler_details if f.prompt_tokens is not None]
+        chunk = result.server.chunked_prefill_size
+        size = f"chunked prefill {chunk}" if chunk and chunk > 0 else "chunked prefill off"
+        return f"next to prompts of {_range(counted) if counted else '?'} tokens ({size})"
+    cached = [t.cached_tokens for t in trials if t.cached_tokens is not None]
+    return ("cold, warm and half-warm radix cache, after /flush_cache"
+            + (f" (cached prompt tokens {_range(cached)})" if cached else ""))
+
+
+def _profile_lines(result: CheckResult, p: ProfileResult) -> list[str]:
+    """``name: N trials, U unique output(s), <verdict>; accept A`` and, indented below, what the trials ran next to."""
+    n = len(p.trials)
+    line = f"{p.name + ':':<8} {n} trials, {p.unique_outputs} unique output(s)"
+    d = p.divergence
+    if d is None:
+        line += ", equal to the reference" if len(result.profiles) > 1 else ""
+    else:
+        line += (f"; {len(p.differing_trials)} of {n} differ from the reference, first at {d.unit} {d.position} "
+                 f"({_where(result, d.trial)} has {_show(d.unit, d.got)}, the reference {_show(d.unit, d.expected)})")
+    if p.probe_accept_length is not None:
+        line += f"; accept {p.probe_accept_length:.2f}"
+    return [line, f"         {_profile_setup(result, p)}"]
+
+
+def format_check(result: CheckResult) -> str:
+    s = result.server
+    spec = s.speculative_algorithm or "off"
+    if s.speculative_algorithm and not s.plugin_active:
+        spec += " (not a DETSPEC algorithm: the sglang-detspec plugin is not in use)"
+    det = {True: "on", False: "OFF", None: "unknown"}[s.deterministic_inference]
+    unit = "token ids (output_ids)" if result.compared == "output_ids" else "text (the server returned no output_ids)"
+    lines = [
+        f"server:  {result.url}  SGLang {s.version or '?'}  model {s.model_path or '?'}",
+        f"         speculative algorithm: {spec}; deterministic inference: {det}",
+        f"probe:   seed {result.seed}, temperature {result.temperature}, {result.max_new_tokens} new tokens, the same "
+        f"in every trial; reference: trial 0 ({result.trials[0].profile}, the probe alone)",
+    ]
+    lines += [line for p in result.profiles for line in _profile_lines(result, p)]
+    over = f" of {len(result.profiles)} traffic profiles" if len(result.profiles) > 1 else ""
+    lines.append(f"result:  {result.unique_outputs} unique probe output(s) in {len(result.trials)} trials{over}, "
+                 f"compared as {unit}")
+    d = result.divergence
+    if d is not None:
+        lines.append(
+            f"         first divergence at {d.unit} {d.position}: trial 0 has {_show(d.unit, d.expected)}, "
+            f"{_where(result, d.trial)} has {_show(d.unit, d.got)}; {len(result.differing_trials)} of "
+            f"{len(result.trials) - 1} trials differ from trial 0"
+        )
+    acc = result.probe_accept_length
+    if acc is not None or s.avg_spec_accept_length is not None:
+        parts = []
+        if acc is not None:
+            parts.append(f"{acc:.2f} tokens per verify step on the probe")
+        if s.avg_spec_accept_length is not None:
+            parts.append(f"{s.avg_spec_accept_length:.2f} server average")
+        lines.append("accept:  " + "; ".join(parts))
+    elif s.speculative_algorithm:
+        lines.append("accept:  the server reported no speculative accept length")
+    sc = result.seeds_check
+    if sc is not None:
+        if sc.passed:
+            lines.append(f"seeds:   {len(sc.seeds)} seeds gave {len(sc.seeds)} distinct outputs")
+        else:
+            pairs = ", ".join(f"{a} = {b}" for a, b in sc.collisions)
+            lines.append(f"seeds:   distinct seeds gave identical outputs: {pairs} (is the seed ignored?)")
+    traffic = ", ".join(result.traffic)
+    if result.passed:
+        lines.append(f"PASS: the seeded probe gave one output whatever the traffic ({traffic})" + (
+            ", and distinct seeds gave distinct outputs" if sc is not None else ""))
+    else:
+        why = []
+        if not result.deterministic:
+            failed = ", ".join(p.name for p in result.profiles if not p.passed)
+            why.append(f"the seeded probe's output changed with the traffic ({failed})")
+        if sc is not None and not sc.passed:
+            why.append("distinct seeds gave identical outputs")
+        lines.append("FAIL: " + "; ".join(why))
+    return "\n".join(lines)

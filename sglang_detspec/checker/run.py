@@ -1,0 +1,351 @@
+"""Running ``check``: send every traffic profile's trials around the seeded probe, then compare the probe's
+outputs within each profile and across all of them against the run's reference (trial 0, the probe alone).
+
+:func:`run_check` is the API (the GPU end-to-end tests call it through the command); it returns a
+:class:`~sglang_detspec.checker.report.CheckResult` and raises :class:`~sglang_detspec.command_base.CliError` (one
+readable line, never a traceback) when the server cannot be checked.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Sequence
+
+from sglang_detspec.checker import traffic as tr
+from sglang_detspec.checker.client import Client, ServerInfo, ServerUnreachable, connect, fetch_server_info, float_or_none
+from sglang_detspec.checker.progress import ProgressBar
+from sglang_detspec.checker.report import (
+    CheckResult,
+    Divergence,
+    FillerRecord,
+    ProfileResult,
+    SeedsCheck,
+    Trial,
+    mean_accept_length,
+    output_key,
+)
+from sglang_detspec.command_base import PROG, CliError
+
+DEFAULT_PROMPT = "Once upon a time, in a small town by the sea, there lived"
+DEFAULT_SEED = 42
+DEFAULT_TRIALS = 16
+DEFAULT_MAX_NEW_TOKENS = 32
+DEFAULT_MAX_FILLERS = 15
+
+
+def _meta(body: dict) -> dict:
+    meta = body.get("meta_info")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _int(x) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _to_trial(index: int, plan: tr.TrialPlan, seed: int, body: dict, fillers: list[FillerRecord]) -> Trial:
+    meta = _meta(body)
+    ids = body.get("output_ids")
+    if ids is None:
+        ids = meta.get("output_ids")
+    if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+        ids = None
+    completion = _int(meta.get("completion_tokens"))
+    verify_ct = _int(meta.get("spec_verify_ct"))
+    accept = float_or_none(meta.get("spec_accept_length"))
+    if accept is None and verify_ct and completion:
+        accept = completion / verify_ct  # what 0.5.17/0.5.23 report as spec_accept_length
+    return Trial(
+        index=index, profile=plan.profile, profile_trial=plan.index, arrival=plan.arrival, label=plan.label,
+        seed=seed, fillers=len(fillers), filler_max_new_tokens=[f.max_new_tokens for f in fillers],
+        filler_prompt_words=[f.prompt_words for f in fillers], text=body["text"], output_ids=ids,
+        filler_details=fillers, flushed_cache=plan.flush_cache_first, completion_tokens=completion,
+        prompt_tokens=_int(meta.get("prompt_tokens")), cached_tokens=_int(meta.get("cached_tokens")),
+        spec_verify_ct=verify_ct, spec_accept_length=accept,
+    )
+
+
+class _TrialRunner:
+    """Sends one trial's requests in the order its plan's arrival asks for and waits for all of them (a failed
+    filler is a broken server too)."""
+
+    def __init__(self, client: Client, pool: ThreadPoolExecutor, probe: dict, flush_wait_s: float):
+        self.client = client
+        self.pool = pool
+        self.probe = probe
+        self.flush_wait_s = flush_wait_s
+        self.solo_s = 0.0  # the probe's time alone, from the latest ALONE trial (every profile starts with one)
+
+    def _timed_probe(self) -> tuple[dict, float]:
+        start = time.monotonic()
+        body = self.client.generate(self.probe)[0]
+        return body, time.monotonic() - start
+
+    def _delayed(self, delay_s: float, body: dict) -> list[dict]:
+        time.sleep(delay_s)
+        return self.client.generate(body)
+
+    def run(self, plan: tr.TrialPlan) -> tuple[dict, list[list[dict] | dict]]:
+        """The probe's completion and each filler's answer (a list of completions, or a streamed last chunk)."""
+        if plan.flush_cache_first:
+            self.client.flush_cache(self.flush_wait_s)
+        submit, fillers = self.pool.submit, plan.fillers
+        if plan.arrival == tr.ALONE:
+            body, self.solo_s = self._timed_probe()
+            return body, []
+        if plan.arrival == tr.WARMED:
+            answers = [f.result() for f in [submit(self.client.generate, f.payload) for f in fillers]]
+            return self._timed_probe()[0], answers
+        if plan.arrival == tr.DURING:
+            half = len(fillers) // 2
+            futures = [submit(self.client.generate, f.payload) for f in fillers[:half]]
+            probe = submit(self._timed_probe)
+            futures += [submit(self.client.generate, f.payload) for f in fillers[half:]]
+        elif plan.arrival == tr.BEFORE:
+            probe = submit(self._timed_probe)
+            futures = [submit(self._delayed, f.delay_fraction * self.solo_s, f.payload) for f in fillers]
+        elif plan.arrival == tr.AFTER:
+            futures, first_chunks = [], []
+            for f in fillers:
+                if f.stream:
+                    event = threading.Event()
+                    futures.append(submit(self.client.generate_streamed, f.payload, event.set))
+                    first_chunks.append((event, futures[-1]))
+                else:
+                    futures.append(submit(self.client.generate, f.payload))
+            for event, future in first_chunks:
+                # A filler that fails (or times out, --timeout) before its first chunk ends the wait too.
+                while not event.wait(0.02) and not future.done():
+                    pass
+            probe = submit(self._timed_probe)
+        else:  # pragma: no cover - the plans only use the arrivals above
+            raise ValueError(f"unknown arrival {plan.arrival!r}")
+        wait(futures + [probe])
+        answers = [f.result() for f in futures]
+        return probe.result()[0], answers
+
+
+def _filler_record(filler: tr.Filler, answer: list[dict] | dict) -> FillerRecord:
+    first = answer[0] if isinstance(answer, list) else answer
+    sp = filler.payload["sampling_params"]
+    extra = {k: v for k, v in filler.payload.items() if k not in ("text", "sampling_params")}
+    return FillerRecord(kind=filler.kind, prompt_words=filler.prompt_words, max_new_tokens=sp["max_new_tokens"],
+                        sampling_params={**sp, **extra}, prompt_tokens=_int(_meta(first).get("prompt_tokens")),
+                        streamed=filler.stream, delay_fraction=filler.delay_fraction)
+
+
+def _tokens_per_word(client: Client, rng: random.Random) -> float:
+    body, words = tr.calibration_payload(rng)
+    tokens = _int(_meta(client.generate(body)[0]).get("prompt_tokens"))
+    if not tokens:
+        raise CliError(f"{client.url}/generate reports no meta_info.prompt_tokens, which the long profile sizes its "
+                       "prompts by; leave it out (--traffic uniform,mixed,prefix)")
+    return tokens / words
+
+
+def _plans(profile: str, *, client: Client, server: ServerInfo, prompt: str, trials: int, max_fillers: int,
+           max_new_tokens: int, rng: random.Random) -> tuple[list[tr.TrialPlan], tr.LongLengths | None]:
+    if profile == "uniform":
+        return tr.uniform_plan(trials, max_fillers, max_new_tokens, rng), None
+    if profile == "mixed":
+        return tr.mixed_plan(trials, max_fillers, max_new_tokens, rng), None
+    if profile == "prefix":
+        return tr.prefix_plan(prompt, max_new_tokens, rng), None
+    lengths = tr.long_lengths(chunked_prefill_size=server.chunked_prefill_size, context_length=server.context_length,
+                              max_req_input_len=server.max_req_input_len,
+                              max_total_num_tokens=server.max_total_num_tokens,
+                              filler_max_new_tokens=2 * max_new_tokens)
+    ratio = _tokens_per_word(client, rng)
+    lengths.notes.append(f"planned prompt lengths {lengths.lengths} tokens at {ratio:.2f} tokens per word (measured)")
+    return tr.long_plan(trials, lengths, ratio, max_new_tokens, rng), lengths
+
+
+def first_divergence(reference: Trial, trials: Sequence[Trial], use_ids: bool) -> Divergence | None:
+    """The earliest position at which any of ``trials`` differs from ``reference``."""
+    ref = output_key(reference, use_ids)
+    best: Divergence | None = None
+    for t in trials:
+        other = output_key(t, use_ids)
+        if other == ref:
+            continue
+        pos = next((k for k, (a, b) in enumerate(zip(ref, other)) if a != b), min(len(ref), len(other)))
+        if best is None or pos < best.position:
+            best = Divergence(unit="token" if use_ids else "character", position=pos, trial=t.index,
+                              expected=ref[pos] if pos < len(ref) else None, got=other[pos] if pos < len(other) else None)
+    return best
+
+
+def _compare_profile(name: str, trials: list[Trial], reference: Trial, use_ids: bool, notes: list[str]) -> ProfileResult:
+    ref = output_key(reference, use_ids)
+    return ProfileResult(
+        name=name, trials=[t.index for t in trials], unique_outputs=len({output_key(t, use_ids) for t in trials}),
+        differing_trials=[t.index for t in trials if output_key(t, use_ids) != ref],
+        divergence=first_divergence(reference, trials, use_ids), probe_accept_length=mean_accept_length(trials),
+        notes=notes,
+    )
+
+
+def _coverage_warnings(name: str, trials: list[Trial], lengths: tr.LongLengths | None,
+                       server: ServerInfo) -> list[str]:
+    """Where a profile's traffic could not do what it is there for (the verdict stands, the evidence is weaker)."""
+    out = []
+    if lengths is not None:
+        out += [f"long profile: {n}" for n in lengths.caveats]
+        counted = [f.prompt_tokens for t in trials for f in t.filler_details if f.prompt_tokens is not None]
+        if lengths.over_chunk and counted and max(counted) <= lengths.chunk:
+            out.append(f"long profile: no filler prompt exceeded the chunked-prefill size {lengths.chunk} (longest "
+                       f"{max(counted)} tokens): the prompts came out shorter than their word counts predicted")
+    if name == "prefix":
+        warm = [t.cached_tokens for t in trials if not t.flushed_cache or t.arrival == tr.WARMED]
+        if warm and not any(warm):
+            out.append("prefix profile: the radix cache served no prompt token to the warm trials "
+                       f"(disable_radix_cache: {server.disable_radix_cache}); they ran cold")
+    return out
+
+
+def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, traffic) -> tuple[str, ...]:
+    if isinstance(traffic, str):
+        try:
+            traffic = tr.parse_traffic(traffic)
+        except ValueError as e:
+            raise CliError(f"--traffic: {e}") from None
+    unknown = [p for p in traffic if p not in tr.PROFILES]
+    if unknown or not traffic:
+        raise CliError(f"--traffic: unknown or no profile {unknown}; choose from {', '.join(tr.PROFILES)}")
+    if trials < 2:
+        raise CliError("--trials must be at least 2 (one trial has nothing to compare with)")
+    if max_fillers < 0:
+        raise CliError("--max-fillers must be >= 0")
+    if max_fillers < 1 and "mixed" in traffic:
+        raise CliError("--max-fillers 0 leaves the mixed profile without fillers; give >= 1 or leave it out of --traffic")
+    if max_new_tokens < 1:
+        raise CliError("--max-new-tokens must be >= 1")
+    if temperature < 0:
+        raise CliError("--temperature must be >= 0")
+    if seeds is not None and len(set(seeds)) < 2:
+        raise CliError("--seeds needs at least two distinct seeds")
+    for s in [seed, *(seeds or ())]:
+        if not -(2**63) <= s < 2**63:
+            raise CliError(f"seed {s} is outside SGLang's sampling_seed range [-2**63, 2**63 - 1]")
+    return tuple(p for p in tr.PROFILES if p in traffic)
+
+
+def run_check(
+    url: str,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    seed: int = DEFAULT_SEED,
+    temperature: float = 1.0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    trials: int = DEFAULT_TRIALS,
+    max_fillers: int = DEFAULT_MAX_FILLERS,
+    traffic: Sequence[str] | str = tr.PROFILES,
+    seeds: Sequence[int] | None = None,
+    timeout: float = 120.0,
+    wait: float = 0.0,
+    api_key: str | None = None,
+    progress: bool | None = False,
+    plan_seed: int = 0,
+) -> CheckResult:
+    """Run every profile of ``traffic`` (``trials`` trials each; prefix: six) around the seeded probe and compare
+    all its outputs; with ``seeds``, also send the probe once per seed and report seeds with identical outputs.
+
+    Raises :class:`CliError` (one line) when the server is unreachable, is not SGLang or answers an error.
+    ``progress``: a progress bar on stderr (None: only on a terminal).
+    """
+    profiles = _validate(trials=trials, max_fillers=max_fillers, max_new_tokens=max_new_tokens,
+                         temperature=temperature, seeds=seeds, seed=seed, traffic=traffic)
+    workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3) + 2
+    client = Client(url, timeout=timeout, api_key=api_key, pool_size=workers)
+    try:
+        server = connect(client, wait)
+        warnings = []
+        if server.deterministic_inference is False:
+            warnings.append(
+                "deterministic inference is OFF on this server (launch it with --enable-deterministic-inference, "
+                f"e.g. `{PROG} serve`): sampling_seed is not honoured and outputs may change with load"
+            )
+        elif server.deterministic_inference is None:
+            warnings.append("the server does not report enable_deterministic_inference; cannot tell if it is on")
+        if temperature == 0:
+            warnings.append("temperature 0 is greedy decoding: the seed plays no part in this check")
+
+        rng = random.Random(plan_seed)
+        probe = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+        results: list[Trial] = []
+        by_profile: dict[str, tuple[list[Trial], tr.LongLengths | None]] = {}
+        total = sum(tr.PREFIX_TRIALS if p == "prefix" else trials for p in profiles) + len(seeds or ())
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="detspec-check") as pool, \
+                ProgressBar(total, enabled=progress, stream=sys.stderr) as bar:
+            runner = _TrialRunner(client, pool, probe, flush_wait_s=min(30.0, timeout))
+            for profile in profiles:
+                mine: list[Trial] = []
+                try:
+                    plans, lengths = _plans(profile, client=client, server=server, prompt=prompt, trials=trials,
+                                            max_fillers=max_fillers, max_new_tokens=max_new_tokens, rng=rng)
+                    for plan in plans:
+                        where = f"{profile} trial {plan.index} ({plan.label})"
+                        bar.show(where)
+                        body, answers = runner.run(plan)
+                        fillers = [_filler_record(f, a) for f, a in zip(plan.fillers, answers)]
+                        mine.append(_to_trial(len(results), plan, seed, body, fillers))
+                        results.append(mine[-1])
+                        bar.advance()
+                except CliError as e:
+                    # Say which traffic broke the server: the message alone cannot.
+                    raise type(e)(f"{profile} traffic: {e}") from e
+                by_profile[profile] = (mine, lengths)
+            seeds_check = None
+            if seeds:
+                bar.show("distinct seeds")
+                outs = []
+                seed_plan = tr.TrialPlan("seeds", 0, tr.ALONE, label="distinct seed")
+                for s in seeds:
+                    p = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=s)
+                    outs.append(_to_trial(len(outs), seed_plan, s, client.generate(p)[0], []))
+                    bar.advance()
+                seeds_check = SeedsCheck(seeds=list(seeds), outputs=outs, collisions=[])
+
+        use_ids = all(t.output_ids is not None for t in results)
+        reference = results[0]
+        compared = []
+        for name, (mine, lengths) in by_profile.items():
+            compared.append(_compare_profile(name, mine, reference, use_ids, lengths.notes if lengths else []))
+            warnings += _coverage_warnings(name, mine, lengths, server)
+        if seeds_check is not None:
+            ids_for_seeds = all(t.output_ids is not None for t in seeds_check.outputs)
+            outs = seeds_check.outputs
+            for i in range(len(outs)):
+                for j in range(i + 1, len(outs)):
+                    if outs[i].seed != outs[j].seed and output_key(outs[i], ids_for_seeds) == output_key(
+                        outs[j], ids_for_seeds
+                    ):
+                        seeds_check.collisions.append((outs[i].seed, outs[j].seed))
+        accepts = [t.spec_accept_length for t in results if t.spec_accept_length is not None]
+        if accepts and max(accepts) < 1.05:
+            warnings.append(
+                f"the probe's speculative accept length is {sum(accepts) / len(accepts):.2f}: almost no draft token "
+                "is accepted, so speculative decoding brings no speed-up on this server"
+            )
+        if server.speculative_algorithm:
+            # Re-read: the server-wide average accept length grows with the requests this check just sent.
+            try:
+                server.avg_spec_accept_length = fetch_server_info(client).avg_spec_accept_length
+            except CliError:
+                pass
+        return CheckResult(
+            url=client.url, server=server, prompt=prompt, seed=seed, temperature=temperature,
+            max_new_tokens=max_new_tokens, traffic=list(profiles), trials=results, profiles=compared,
+            compared="output_ids" if use_ids else "text",
+            unique_outputs=len({output_key(t, use_ids) for t in results}),
+            divergence=first_divergence(reference, results, use_ids), seeds_check=seeds_check, warnings=warnings,
+        )
+    finally:
+        client.close()
+
+
+__all__ = ["run_check", "first_divergence", "ServerUnreachable", "DEFAULT_PROMPT", "DEFAULT_SEED", "DEFAULT_TRIALS",
+           "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_MAX_FILLERS"]

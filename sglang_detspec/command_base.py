@@ -1,0 +1,20 @@
+"""What every ``sglang-detspec`` command module shares: the command's name, its exit codes, :class:`CliError`
+and the algorithm names it serves and recognizes.
+
+A module of its own so that the command's modules (``checker``, ``serve``, ``demo``) need not import
+:mod:`sglang_detspec.cli`, which sits above them, nor :mod:`sglang_detspec.integration`, which imports SGLang.
+"""
+
+PROG = "sglang-detspec"
+
+EXIT_OK = 0
+EXIT_FAIL = 1  # the command ran and a checked property does not hold
+EXIT_ERROR = 2  # the command could not run (usage, unreachable server, missing GPU, ...)
+
+# sglang_detspec.integration.algorithm registers these names with SGLang.
+DETSPEC_ALGORITHMS = ("DETSPEC_EAGLE", "DETSPEC_EAGLE3")
+
+
+class CliError(Exception):
+    """A failure the user can act on; :func:`sglang_detspec.cli.main` prints it as one line and exits with
+    ``EXIT_ERROR``."""
