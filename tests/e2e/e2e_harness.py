@@ -36,6 +36,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 RUN_HINT = "run scripts/run_gpu_checks.sh on a CUDA machine with sglang installed"
+# tests/conftest.py's GPU_SKIP_REASON: every GPU test skips with this one wording on CPU (a test module cannot
+# import it: pytest loads each conftest.py as the module "conftest" in turn).
+GPU_SKIP_REASON = "needs a CUDA GPU; run scripts/run_gpu_checks.sh on a GPU machine"
 
 # ---------------------------------------------------------------------------------------------
 # Skip logic
@@ -51,7 +54,7 @@ def e2e_skip_reason() -> Optional[str]:
     except ImportError:
         return f"needs torch; {RUN_HINT}"
     if not torch.cuda.is_available():
-        return f"needs a CUDA GPU; {RUN_HINT}"
+        return GPU_SKIP_REASON
     return None
 
 

@@ -20,13 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU; run scripts/run_gpu_checks.sh on a GPU machine",
-    ),
-]
+pytestmark = [pytest.mark.gpu]  # tests/conftest.py skips these without a GPU, with its GPU_SKIP_REASON
 
 pytest.importorskip(
     "sglang.srt.speculative.eagle_worker_v2",

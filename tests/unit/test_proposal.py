@@ -112,11 +112,7 @@ def test_invalid_inputs_raise_actionable_errors(bad, match):
         )
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="needs a CUDA GPU; run scripts/run_gpu_checks.sh on a GPU machine",
-)
+@pytest.mark.gpu  # tests/conftest.py skips it without a GPU
 def test_cuda_tensors_use_the_kernel_and_match_the_reference(monkeypatch):
     from sglang_detspec import kernels
 
