@@ -104,6 +104,7 @@ class FakeSGLang:
         speculative_algorithm: str | None = "DETSPEC_EAGLE",
         report_accept_length: bool = True,
         delay: float = 0.0,
+        prefill_delay: float = 0.0,
         version: str = "0.5.23",
         accept_length: float = 2.0,
         port: int = 0,
@@ -122,7 +123,8 @@ class FakeSGLang:
         self.info_paths = info_paths
         self.speculative_algorithm = speculative_algorithm
         self.report_accept_length = report_accept_length
-        self.delay = delay
+        self.delay = delay  # seconds a request takes after its first token
+        self.prefill_delay = prefill_delay  # seconds before its first token (a streamed request's first chunk)
         self.version = version
         self.accept_length = accept_length
         self.port = port
@@ -329,6 +331,8 @@ class FakeSGLang:
                 v["max_inflight"] = max(v["max_inflight"], self.inflight)
         stream = bool(req.get("stream"))
         try:
+            if self.prefill_delay:
+                time.sleep(self.prefill_delay)
             if stream:
                 # Chunked transfer encoding, as SGLang's server (uvicorn) sends a StreamingResponse.
                 h.send_response(200)

@@ -83,7 +83,8 @@ def test_mixed_sends_every_kind_of_sampling():
 
 
 def test_mixed_probe_arrives_before_during_and_after_the_fillers_prefill():
-    with FakeSGLang("deterministic", delay=0.4) as fake:
+    # A 0.15 s "prefill" before each first token: a probe sent without waiting for it would arrive first.
+    with FakeSGLang("deterministic", delay=0.4, prefill_delay=0.15) as fake:
         res = run_check(fake.url, traffic="mixed", trials=7, max_fillers=4)
         events = timeline_by_request(fake)
     probes = sorted((e for e in events.values() if e["text"] == DEFAULT_PROMPT), key=lambda e: e["arrive"])
@@ -188,6 +189,20 @@ def test_only_the_profile_whose_traffic_changes_the_probe_fails(tmp_path, profil
     others = [line for line in proc.stdout.splitlines() if line.startswith(tuple(f"{n}:" for n in ALL if n != profile))]
     assert len(others) == 3 and all("equal to the reference" in line for line in others)
     assert proc.stdout.splitlines()[-2] == f"FAIL: the seeded probe's output changed with the traffic ({profile})"
+
+
+def test_a_profile_that_agrees_with_itself_but_not_with_the_reference_fails():
+    # Output changes once the probe's own prompt is cached: the reference (the very first request) ran cold, the
+    # rest of uniform and every mixed trial warm -- mixed agrees with itself, not with the reference.
+    with FakeSGLang("deterministic", diverge_if=lambda req, s: req["text"] == DEFAULT_PROMPT
+                    and s.cache_source == "self") as fake:
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform,mixed", "--trials", "3", "--max-fillers", "2",
+                   "--no-progress")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    mixed = next(line for line in proc.stdout.splitlines() if line.startswith("mixed:"))
+    assert mixed.startswith("mixed:   3 trials, 1 unique output(s); 3 of 3 differ from the reference, first at token 5")
+    assert "2 unique probe output(s) in 6 trials" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "FAIL: the seeded probe's output changed with the traffic (uniform, mixed)"
 
 
 def test_a_server_that_cannot_flush_its_cache_is_one_clear_line():
