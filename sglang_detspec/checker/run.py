@@ -97,7 +97,7 @@ class _TrialRunner:
             body, self.solo_s = self._timed_probe()
             return body, []
         if plan.arrival == tr.WARMED:
-            answers = [f.result() for f in [submit(self.client.generate, f.payload) for f in fillers]]
+            answers = [future.result() for future in [submit(self.client.generate, f.payload) for f in fillers]]
             return self._timed_probe()[0], answers
         if plan.arrival == tr.DURING:
             half = len(fillers) // 2

@@ -130,7 +130,7 @@ def _prompt(profile: str, trial: int, j: int, words: str) -> str:
 def calibration_payload(rng: random.Random) -> tuple[dict, int]:
     """A long-profile-shaped prompt of known word count and a 1-token completion: the server's
     ``prompt_tokens`` for it gives the tokens-per-word ratio the long prompts are sized by."""
-    text = _prompt("long", 0, 0, _words(rng, 400))
+    text = f"Calibration: {_words(rng, 400)}"
     return payload(text, max_new_tokens=1, seed=rng.randrange(2**31)), len(text.split())
 
 

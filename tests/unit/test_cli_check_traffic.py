@@ -114,7 +114,7 @@ def test_long_prompts_exceed_the_chunk_size_within_the_servers_limits(chunk, con
     with FakeSGLang("deterministic", chunked_prefill_size=chunk, context_length=context,
                     max_total_num_tokens=pool) as fake:
         res = run_check(fake.url, traffic="long", trials=8)
-        fillers = [q for q in fillers_of(fake, "long") if not q["text"].startswith("Request long.0.")]
+        fillers = fillers_of(fake, "long")
     assert res.passed and not res.warnings, res.warnings
     lengths = [len(fake_tokenize(q["text"])) for q in fillers]
     assert len(set(lengths)) >= 5
