@@ -27,6 +27,9 @@ Why the shapes are what they are:
   build fails loudly if the corpus cannot reach it.
 * ``draft_vocab_size == vocab_size`` on the EAGLE3 draft: ``LlamaForCausalLMEagle3`` reads the field
   unconditionally, and equal vocabularies mean no ``d2t`` hot-token map is needed.
+* The weighted pair's configs are the dummy pair's except that its EAGLE3 draft has 4 key/value heads
+  (``tiny_weights`` says why); its ``model.safetensors`` files come from ``tiny_weights`` and are
+  checked complete (all three present) before a cache entry counts as built.
 
 Every file is written by this module from plain dicts (``json.dumps(sort_keys=True)``) rather than
 through ``transformers``' ``save_pretrained``, so the bytes do not depend on the installed
@@ -279,6 +282,8 @@ def build_tiny_models(dest: Path, *, pair: str = "dummy") -> TinyModels:
     _dump(eagle3 / "config.json", cfg3)
     models = TinyModels(target, eagle, eagle3)
     if pair == "weighted":
+        # Imported here so that this module (imported by the CLI and the E2E harness) needs only the
+        # standard library until weights are actually generated.
         from sglang_detspec import tiny_weights
 
         tiny_weights.write_weights(models)

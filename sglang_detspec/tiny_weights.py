@@ -84,9 +84,9 @@ Arrays = Dict[str, np.ndarray]
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float -> bf16 bit patterns (uint16), round to nearest even, like ``torch.Tensor.to(torch.bfloat16)``."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     if not np.isfinite(x).all():
         raise ValueError("tiny weights must be finite")
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
@@ -112,26 +112,34 @@ def _eye(rows: int, cols: int) -> np.ndarray:
     return np.eye(rows, cols, dtype=np.float64)
 
 
-def _attn_mlp(draw: _Draw, prefix: str, cfg: dict, recipe: WeightRecipe, *, attn_in: int) -> Arrays:
-    """One Llama decoder layer's projections, "built like the target's" (q/k/v/gate/up N(0, 1/fan_in),
-    o/down scaled down so the layer writes little into the residual stream)."""
-    hidden, inter, head_dim = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    shapes = {
-        "self_attn.q_proj": (q_out, attn_in),
-        "self_attn.k_proj": (kv_out, attn_in),
-        "self_attn.v_proj": (kv_out, attn_in),
-        "self_attn.o_proj": (hidden, q_out),
-        "mlp.gate_proj": (inter, hidden),
-        "mlp.up_proj": (inter, hidden),
-        "mlp.down_proj": (hidden, inter),
-    }
+def _normal_matrices(draw: _Draw, prefix: str, shapes: dict, recipe: WeightRecipe) -> Arrays:
+    """N(0, 1/fan_in) matrices, "built like the target's": the projections that write into the residual
+    stream (o_proj, down_proj) scaled down, so each layer changes the stream little."""
     out = {}
     for name, (rows, cols) in shapes.items():
         scale = recipe.residual_write_scale if name in ("self_attn.o_proj", "mlp.down_proj") else 1.0
         out[f"{prefix}{name}.weight"] = draw.normal(f"{prefix}{name}", (rows, cols), scale / np.sqrt(cols))
+    return out
+
+
+def _mlp(draw: _Draw, prefix: str, cfg: dict, recipe: WeightRecipe) -> Arrays:
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    shapes = {"mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
+    out = _normal_matrices(draw, prefix, shapes, recipe)
     out[f"{prefix}post_attention_layernorm.weight"] = np.ones(hidden)
     return out
+
+
+def _attention(draw: _Draw, prefix: str, cfg: dict, recipe: WeightRecipe) -> Arrays:
+    hidden, head_dim = cfg["hidden_size"], cfg["head_dim"]
+    q_out, kv_out = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    shapes = {
+        "self_attn.q_proj": (q_out, hidden),
+        "self_attn.k_proj": (kv_out, hidden),
+        "self_attn.v_proj": (kv_out, hidden),
+        "self_attn.o_proj": (hidden, q_out),
+    }
+    return _normal_matrices(draw, prefix, shapes, recipe)
 
 
 def _target(cfg: dict, recipe: WeightRecipe) -> Arrays:
@@ -143,8 +151,10 @@ def _target(cfg: dict, recipe: WeightRecipe) -> Arrays:
         "lm_head.weight": draw.normal("lm_head", (vocab, hidden), recipe.lm_head_std / np.sqrt(hidden)),
     }
     for i in range(cfg["num_hidden_layers"]):
-        w.update(_attn_mlp(draw, f"model.layers.{i}.", cfg, recipe, attn_in=hidden))
-        w[f"model.layers.{i}.input_layernorm.weight"] = np.ones(hidden)
+        prefix = f"model.layers.{i}."
+        w.update(_attention(draw, prefix, cfg, recipe))
+        w.update(_mlp(draw, prefix, cfg, recipe))
+        w[f"{prefix}input_layernorm.weight"] = np.ones(hidden)
     return w
 
 
@@ -158,7 +168,8 @@ def _eagle(cfg: dict, recipe: WeightRecipe) -> Arrays:
         "fc.bias": np.zeros(hidden),
     }
     # Layer 0 has no input_layernorm in SGLang's EAGLE draft (replaced by the identity).
-    w.update(_attn_mlp(draw, "layers.0.", cfg, recipe, attn_in=hidden))
+    w.update(_attention(draw, "layers.0.", cfg, recipe))
+    w.update(_mlp(draw, "layers.0.", cfg, recipe))
     return w
 
 
@@ -169,7 +180,8 @@ def _eagle3(cfg: dict, target_lm_head: np.ndarray, recipe: WeightRecipe) -> Arra
     if heads * head_dim != hidden or kv_heads != heads:
         raise ValueError("the EAGLE3 recipe needs multi-head attention with heads * head_dim == hidden_size")
     num_aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
-    w = _attn_mlp(draw, "layers.0.", cfg, recipe, attn_in=2 * hidden)  # layer 0 attends over cat(embed, h)
+    w = _mlp(draw, "layers.0.", cfg, recipe)
+    # Layer 0 attends over cat(embed, h): q/k/v take 2H inputs.
     qk_token_half = draw.normal("qk", (hidden, hidden), np.sqrt(recipe.eagle3_qk_gain / hidden))
     qk = np.concatenate([qk_token_half, np.zeros((hidden, hidden))], axis=1)
     v_token_half = _eye(hidden, hidden) + draw.normal("v", (hidden, hidden), recipe.eagle3_v_noise / np.sqrt(hidden))

@@ -351,6 +351,20 @@ def test_estimator_gives_full_length_for_a_perfect_draft_and_little_for_a_bad_on
     monkeypatch.setattr(ref, "draft_chain", target_as_draft(lambda lg: lg.roll(1)))
     bad = estimate_accept_length(ref, "eagle", prompts=_PROMPTS[:1], new_tokens=12, seed=2)
     assert bad.accept_length < 1.3 and bad.first_draft_acceptance < 0.3
+    # Right, wrong, right: a later draft counts only if every earlier one is accepted, so ~2 tokens per
+    # verify (the first draft plus the correction), not ~3.
+    def second_wrong(kind, context, steps, choose):
+        drafts, logits = [], []
+        for k in range(steps):
+            lg = ref.target(torch.tensor(context + drafts)).logits[-1]
+            logits.append(lg.roll(1) if k == 1 else lg)
+            drafts.append(int(choose(k, logits[-1])))
+        return drafts, logits
+
+    monkeypatch.setattr(ref, "draft_chain", second_wrong)
+    chained = estimate_accept_length(ref, "eagle", prompts=_PROMPTS[:1], new_tokens=12, seed=2)
+    assert chained.first_draft_acceptance == pytest.approx(1.0)
+    assert 2.0 <= chained.accept_length < 2.4
 
 
 def test_estimator_validates_its_arguments(ref):
