@@ -133,6 +133,26 @@ def test_kernel_matches_reference_on_the_parameter_grid(vocab, block, temperatur
         assert kept.min() == 1 and kept.max() == vocab
 
 
+def test_small_tiles_compact_the_bracket_several_times():
+    # 32 tiles per row: the bisection bracket is compacted into the output row again and again (at a
+    # quarter of the source, while the source is more than one tile: 2048 -> 512 -> 128 -> 32), in place
+    # it never is
+    vocab = 2048
+    probs = torch.cat([_softmax_rows(5, vocab, 1.7, seed=41), _quantised_rows(2, vocab, levels=6, seed=42)])
+    top_ks = torch.tensor([NO_TOP_K, NO_TOP_K, 50, 300, NO_TOP_K, NO_TOP_K, 700])
+    top_ps = torch.tensor([0.9, 0.5, 1.0, 0.95, 0.95, 0.7, 1.0])
+    min_ps = torch.tensor([0.0, 0.0, 0.0, 0.01, 0.02, 0.0, 0.0])
+    for renormalize in (False, True):
+        expected = truncate_probs_reference(probs, top_ks, top_ps, min_ps, renormalize=renormalize)
+        _assert_bits_equal(_kernel(probs, top_ks, top_ps, min_ps, renormalize=renormalize, block=64), expected)
+    in_place = probs.to(DEV)
+    truncate_probs_triton(in_place, top_ks.to(DEV), top_ps.to(DEV), min_ps.to(DEV), renormalize=True,
+                          out=in_place, block=256)
+    _assert_bits_equal(in_place, expected)
+    kept = (expected > 0).sum(-1)
+    assert (kept > 100).sum() >= 3 and (kept < vocab).all()
+
+
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_strided_rows_in_place_and_without_min_p(renormalize):
     vocab = 300
