@@ -175,10 +175,15 @@ def _profile_setup(result: CheckResult, p: ProfileResult) -> str:
     if p.name == "uniform":
         return f"next to {_range([t.fillers for t in trials])} concurrent filler requests"
     if p.name == "mixed":
-        kinds = list(dict.fromkeys(f.kind for t in trials for f in t.filler_details))
+        values: dict[str, list[str]] = {}  # "top_k=5", "top_k=50" -> "top_k 5/50"
+        for t in trials:
+            for f in t.filler_details:
+                name, _, value = f.kind.partition("=")
+                if value not in values.setdefault(name, []):
+                    values[name].append(value)
+        kinds = ", ".join(name + (" " + "/".join(v) if any(v) else "") for name, v in values.items())
         arrivals = [a for a in ("before", "during", "after") if any(t.arrival == a for t in trials)]
-        return (f"next to {len(kinds)} kinds of filler ({', '.join(kinds)}); the probe {'/'.join(arrivals)} "
-                "their prefill")
+        return f"next to fillers with {kinds}; the probe {'/'.join(arrivals)} their prefill"
     if p.name == "long":
         counted = [f.prompt_tokens for t in trials for f in t.filler_details if f.prompt_tokens is not None]
         chunk = result.server.chunked_prefill_size
