@@ -17,7 +17,7 @@
 #
 # The plugin must be installed (pip install -e .) in that Python so that SGLang's plugin loader sees
 # its entry point; the e2e part checks this. Nothing here downloads anything: the tiny models are
-# built locally (sglang_detspec.tiny_models) and served with --load-format dummy.
+# built locally (sglang_detspec.tiny_models: the weighted pair by default, DETSPEC_E2E_PAIR=dummy for the other).
 set -uo pipefail
 
 usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }

@@ -1,4 +1,4 @@
-"""Fixtures for the end-to-end tests (real SGLang servers on the tiny dummy-weight models).
+"""Fixtures for the end-to-end tests (real SGLang servers on a tiny model pair, the weighted one by default).
 
 A session-wide :class:`e2e_harness.ServerPool` starts, on first use, every server configuration named
 by an ``e2e_server("<name>")`` marker on the selected tests, all at once, and stops them at the end
@@ -37,7 +37,7 @@ def tiny_models():
     from sglang_detspec.tiny_models import ensure_tiny_models
 
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
-    return ensure_tiny_models(Path(root) if root else None)
+    return ensure_tiny_models(Path(root) if root else None, pair=e2e_harness.tiny_pair())
 
 
 @pytest.fixture(scope="session")

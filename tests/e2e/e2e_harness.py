@@ -1,5 +1,5 @@
 """Harness for the end-to-end tests: real ``python -m sglang.launch_server`` processes on the tiny
-dummy-weight model pair, HTTP trials whose batch composition changes, and a JSON results file.
+model pair (weighted by default), HTTP trials whose batch composition changes, and a JSON results file.
 
 Only the standard library is used at import time, so the test modules import (and skip) on a machine
 without a GPU or without SGLang. Server start-up costs 70-120 s on an H200 for the tiny pair, so the
@@ -133,15 +133,30 @@ SPEC_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "
 CUDA_GRAPH_MAX_BS = 8
 
 
-def common_args(target: Path) -> List[str]:
+#: The tiny pair the E2E servers serve: ``weighted`` (real seeded weights; drafts are partly rejected, so a wrong
+#: accept/reject decision or residual sample shows) unless DETSPEC_E2E_PAIR says ``dummy``.
+def tiny_pair() -> str:
+    return os.environ.get("DETSPEC_E2E_PAIR", "weighted")
+
+
+#: Context length of every E2E server: the long traffic profile sends prompts up to 10,000 tokens. The tiny
+#: models' config says 8192 positions (RoPE has no hard limit), hence SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
+CONTEXT_LENGTH = 16384
+LONG_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
+def common_args(target: Path, pair: str) -> List[str]:
     # The tiny pair's flags live with the models, shared with `sglang-detspec serve` (imported here, not at
     # module level, so this harness still imports with the standard library alone).
-    from sglang_detspec.tiny_models import TINY_SERVER_FLAGS
+    from sglang_detspec.tiny_models import server_flags
 
-    tiny_flags = [part for flag, values in TINY_SERVER_FLAGS for part in (flag, *values)]
+    tiny_flags = []
+    for flag, values in server_flags(pair):
+        tiny_flags += [flag, *((str(CONTEXT_LENGTH),) if flag == "--context-length" else values)]
     return [
         "--model-path", str(target),
         *tiny_flags,  # a small capped KV pool each, so several servers can start side by side
+        "--mem-fraction-static", "0.1",
         "--attention-backend", "triton",
         "--sampling-backend", "pytorch",
         "--cuda-graph-max-bs-decode", str(CUDA_GRAPH_MAX_BS),
@@ -161,27 +176,43 @@ class ServerSpec:
     env: Dict[str, str] = field(default_factory=dict)
 
 
-def server_specs(models) -> Dict[str, ServerSpec]:
-    """Every configuration the E2E tests use, by name. ``models`` is a ``TinyModels``."""
-    base = common_args(models.target)
+#: A test-harness-only control (tests/e2e/controls/upstream_target_sampler/sitecustomize.py): DETSPEC with its
+#: target sampler handing every seeded top-k / top-p / min-p batch back to SGLang's rank-keyed sorted sampler.
+UPSTREAM_SAMPLER_CONTROL = Path(__file__).resolve().parent / "controls" / "upstream_target_sampler"
+
+
+def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
+    """Every configuration the E2E tests use, by name. ``models`` is a ``TinyModels`` of ``pair``."""
+    pair = pair or tiny_pair()
+    base = common_args(models.target, pair)
     eagle = ["--speculative-draft-model-path", str(models.eagle_draft)] + SPEC_SHAPE
     eagle3 = ["--speculative-draft-model-path", str(models.eagle3_draft)] + SPEC_SHAPE
     det = ["--enable-deterministic-inference"]
     rs = ["--speculative-use-rejection-sampling"]
-    return {
-        "detspec_eagle_graph": ServerSpec("detspec_eagle_graph", base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det),
-        "detspec_eagle_nograph": ServerSpec(
-            "detspec_eagle_nograph", base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det + GRAPHS_OFF
-        ),
-        "detspec_eagle3_graph": ServerSpec("detspec_eagle3_graph", base + eagle3 + ["--speculative-algorithm", "DETSPEC_EAGLE3"] + det),
-        "builtin_eagle_rs": ServerSpec("builtin_eagle_rs", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs),
-        "builtin_eagle_rs_det": ServerSpec(
+    detspec = base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det
+    control_env = dict(LONG_CONTEXT_ENV, PYTHONPATH=os.pathsep.join(
+        [str(UPSTREAM_SAMPLER_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]
+    ))
+    specs = [
+        ServerSpec("detspec_eagle_graph", detspec),
+        ServerSpec("detspec_eagle_nograph", detspec + GRAPHS_OFF),
+        ServerSpec("detspec_eagle_nooverlap", detspec + ["--disable-overlap-schedule"]),
+        ServerSpec("detspec_eagle3_graph", base + eagle3 + ["--speculative-algorithm", "DETSPEC_EAGLE3"] + det),
+        ServerSpec("detspec_eagle_chunk4096", detspec + ["--chunked-prefill-size", "4096"]),
+        # Refused at start-up: a chunk below the deterministic prefill alignment would starve the queue.
+        ServerSpec("detspec_eagle_chunk64", detspec + ["--chunked-prefill-size", "64"], expect_exit=True),
+        ServerSpec("detspec_upstream_sampler_control", detspec, env=control_env),
+        ServerSpec("builtin_eagle_rs", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs),
+        ServerSpec(
             "builtin_eagle_rs_det",
             base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + det,
             # sglang 0.5.17-0.5.22 refuse this combination; 0.5.23 accepts it (seeded in-tree).
             expect_exit=version_tuple(_safe_version()) < (0, 5, 23),
         ),
-    }
+    ]
+    for spec in specs:
+        spec.env = {**LONG_CONTEXT_ENV, **spec.env}
+    return {spec.name: spec for spec in specs}
 
 
 def free_port(start: int) -> int:
