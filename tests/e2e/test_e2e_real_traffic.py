@@ -75,9 +75,10 @@ def _check(srv, traffic: str, report_path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def checks(e2e_pool, tmp_path_factory):
-    """Run every server's check at once; record a summary per server in e2e_results.json."""
-    out = tmp_path_factory.mktemp("checks")
+def checks(e2e_pool):
+    """Run every server's check at once; record a summary per server in e2e_results.json (reports beside it)."""
+    out = h.out_dir() / "checks"
+    out.mkdir(exist_ok=True)
     servers = {name: e2e_pool.ready(name) for name in CHECKS}
     with ThreadPoolExecutor(len(CHECKS)) as pool:
         futures = {
