@@ -128,7 +128,6 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be {want}, got {value}")
         return value
 
-    parse.__name__ = "integer"
     return parse
 
 

@@ -18,6 +18,10 @@ from typing import Sequence
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
 from sglang_detspec.tiny_models import TINY_PAIRS, ensure_tiny_models, server_flags
 
+# DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
+__all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
+           "resolve_launch", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
+
 
 @dataclass
 class ServeDefaults:

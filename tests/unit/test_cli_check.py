@@ -126,7 +126,8 @@ def test_non_sglang_endpoint_is_one_clear_line(mode):
 
 def test_timeout_is_one_clear_line():
     with FakeSGLang("deterministic", delay=3.0) as fake:
-        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "0", "--timeout", "0.5",
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "0",
+                   "--timeout", "0.5",
                    "--no-progress")
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -272,7 +273,8 @@ def test_seeds_identical_outputs_fail():
 
 def test_seeds_distinct_pass():
     with FakeSGLang("deterministic") as fake:
-        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "1", "--seeds", "5,6,7",
+        proc = cli("check", "--url", fake.url, "--traffic", "uniform", "--trials", "2", "--max-fillers", "1",
+                   "--seeds", "5,6,7",
                    "--no-progress")
         seeds_sent = [q["sampling_params"]["sampling_seed"] for q in fake.generate_requests
                       if q["text"] == DEFAULT_PROMPT]

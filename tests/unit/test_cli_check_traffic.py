@@ -151,12 +151,14 @@ def test_prefix_profile_flushes_and_warms_the_radix_cache():
     assert 0 < cached[3] < cached[2]  # half warm
     # In the warmed trials the prefix-sharing filler had finished before the probe arrived.
     probes = sorted((e for e in events.values() if e["text"] == DEFAULT_PROMPT), key=lambda e: e["arrive"])
+    first_word = DEFAULT_PROMPT.split()[0]
     for k in (2, 3):
-        sharing = [e for e in events.values() if e["text"] != DEFAULT_PROMPT
-                   and e["text"].startswith(DEFAULT_PROMPT.split()[0]) and flushes[k - 1] < e["arrive"] < probes[k]["arrive"]]
+        sharing = [e for e in events.values() if e["text"] != DEFAULT_PROMPT and e["text"].startswith(first_word)
+                   and flushes[k - 1] < e["arrive"] < probes[k]["arrive"]]
         assert len(sharing) == 1 and sharing[0]["done"] < probes[k]["arrive"]
-    # Every flush happened with nothing in flight, just before a cold or warmed trial's requests.
-    assert len(flushes) == 5
+    # Each flush came between the previous trial's end and its own trial (trial 1 runs on trial 0's cache).
+    for flush, k in zip(flushes, (0, 2, 3, 4, 5)):
+        assert probes[k]["arrive"] > flush and (k == 0 or probes[k - 1]["done"] < flush)
 
 
 @pytest.mark.parametrize(
