@@ -11,8 +11,10 @@ keying makes harmless really does change a seeded request without it, i.e. that 
 from sglang_detspec.integration import target_sampler
 
 
-def _upstream_rank_keyed(sorted_sampler, *args, **kwargs):
-    return sorted_sampler(*args, **kwargs)
+def _upstream_rank_keyed(sorted_sampler, probs, top_ks, top_ps, min_ps, need_min_p_sampling, *args, **kwargs):
+    # min-p dropped: SGLang's seeded sorted path asserts on it (upstream #33695) -- measured on the H200, a min-p
+    # filler crashed this control's scheduler -- so the control keeps only what that path can take.
+    return sorted_sampler(probs, top_ks, top_ps, min_ps, False, *args, **kwargs)
 
 
 target_sampler.sample_by_token_id = _upstream_rank_keyed
