@@ -3,8 +3,11 @@
 The dummy pair's near-uniform target accepts every draft, so a wrong accept/reject decision cannot show.
 These weights make a target that is *mostly a bigram model* (the next-token distribution depends mostly
 on the last token, a little on earlier context) with peaked distributions, and drafts that approximate
-it imperfectly, so rejection sampling really rejects (accept length measured offline by
-``sglang_detspec.tiny_reference.estimate_accept_length``).
+it imperfectly, so rejection sampling really rejects. Accept length (tokens per verify, of 4, 3 draft
+steps, T = 1.0, 16 random 8-token prompts x 128 tokens, seed 0): CPU estimate
+(``scripts/estimate_tiny_acceptance.py``) EAGLE 2.49 +- 0.03, EAGLE3 2.43 +- 0.03; served on an H200
+(sglang 0.5.17, 2026-12-03, same prompts): DETSPEC_EAGLE 2.46, DETSPEC_EAGLE3 2.52, builtin EAGLE with
+rejection sampling 2.50.
 
 Recipe (``WeightRecipe``; ``H`` = hidden size, ``fan_in`` = a matrix's input width):
 
