@@ -304,8 +304,9 @@ def truncate_probs_reference(
     """
     validate_truncation_inputs(probs, top_ks, top_ps, min_ps, renormalize, out)
     rows, vocab = probs.shape
-    result = probs.clone()
-    if rows:
+    if rows == 0:
+        result = probs.clone()
+    else:
         top_k = top_ks.to(torch.int64).view(-1, 1)
         top_p = top_ps.view(-1, 1)
         min_p = torch.zeros_like(top_ps) if min_ps is None else min_ps

@@ -211,6 +211,15 @@ def _tie_rows():
         params.append((NO_TOP_K, 1.0, 0.5))  # min-p 0.5 against plateau values
         rows.append(row)
         params.append((n_top + 5, 0.9, 0.34))
+    # dyadic values: prefix masses and min-p thresholds land exactly on the boundaries (E_i == T is kept,
+    # p_i == threshold is kept), ties at 0.125 are split by index
+    dyadic = torch.zeros(vocab)
+    dyadic[[40, 3, 70, 12, 55, 90, 1]] = torch.tensor([0.25, 0.25, 0.125, 0.125, 0.125, 0.0625, 0.0625])
+    for p in ((NO_TOP_K, 0.5, 0.0), (NO_TOP_K, 0.625, 0.0), (NO_TOP_K, 0.75, 0.0), (NO_TOP_K, 0.875, 0.0),
+              (NO_TOP_K, 1.0, 0.5), (NO_TOP_K, 1.0, 0.5000001), (4, 1.0, 0.25), (NO_TOP_K, 0.25, 0.0),
+              (NO_TOP_K, 1.0, 1.0)):
+        rows.append(dyadic)
+        params.append(p)
     one_hot = torch.zeros(vocab)
     one_hot[17] = 1.0
     uniform = torch.full((vocab,), 1.0 / vocab)
@@ -245,6 +254,22 @@ def test_ties_zeros_one_hot_uniform_rows_match_the_brute_force(renormalize):
         for v in probs[i][kept[i]].unique()
     ]
     assert sum(partial) >= 10
+
+
+def test_out_of_contract_parameters_still_keep_rank_0():
+    # top_k < 1, top_p <= 0 and min_p > 1 are outside the contract (nothing checks values: that would need a
+    # host sync); the rules then keep exactly the first maximum, never an all-zero row
+    probs = torch.zeros(6, 64)
+    probs[:, [7, 30, 31]] = torch.tensor([0.25, 0.5, 0.25])
+    probs[3:, 7] = 0.5  # tied maxima at 7 and 30: index 7 is rank 0
+    top_ks = torch.tensor([0, -1, NO_TOP_K, NO_TOP_K, 0, NO_TOP_K])
+    top_ps = torch.tensor([1.0, 0.9, 0.0, -0.5, 1.0, 1.0])
+    min_ps = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 1.5])
+    expected = torch.zeros_like(probs)
+    expected[:3, 30] = 0.5
+    expected[3:, 7] = 0.5
+    _assert_bits_equal(truncate_probs_reference(probs, top_ks, top_ps, min_ps, renormalize=False), expected)
+    _assert_bits_equal(_kernel(probs, top_ks, top_ps, min_ps, renormalize=False, block=16), expected)
 
 
 def test_top_k_1_is_exactly_one_at_the_first_argmax():
@@ -431,6 +456,12 @@ def test_entry_point_dispatches_cpu_tensors_to_the_reference(monkeypatch):
     out = truncate_probs(*args, renormalize=True)
     assert seen == [{"renormalize": True, "out": None}]
     _assert_bits_equal(out, real(*args, renormalize=True))
+
+
+def test_empty_batches_return_empty_outputs():
+    args = (torch.zeros(0, 7), torch.zeros(0, dtype=torch.int32), torch.zeros(0), None)
+    for impl in (truncate_probs, truncate_probs_reference, truncate_probs_triton):
+        assert impl(*args, renormalize=True).shape == (0, 7)
 
 
 def test_entry_point_module_imports_neither_sglang_nor_the_kernel():
