@@ -772,14 +772,17 @@ def test_worker_builds_detspec_draft_worker(monkeypatch):
     spec = dict(speculative_eagle_topk=1, speculative_num_steps=NUM_STEPS,
                 speculative_num_draft_tokens=NUM_DRAFT_TOKENS)
     if "ps" in inspect.signature(mlw.MultiLayerEagleWorkerV2.__init__).parameters:
-        # 0.5.17: (server_args, gpu_id, ps, nccl_port, target_worker), reads server_args.
+        # 0.5.17 - 0.5.20: (server_args, gpu_id, ps, nccl_port, target_worker); 0.5.17 reads server_args,
+        # 0.5.18 - 0.5.20 already read the page size from the runtime context (get_schedule()).
         server_args = SimpleNamespace(device="cpu", page_size=1,
                                       speculative_algorithm="EAGLE", **spec)
-        ctx = contextlib.nullcontext()
+        from sglang.srt.runtime_context import get_context
+
+        ctx = get_context().override_server_args(speculative_algorithm="EAGLE", device="cpu", page_size=1, **spec)
         kwargs = dict(server_args=server_args, gpu_id=0, ps=None, nccl_port=1,
                       target_worker=target)
     else:
-        # 0.5.23: (server_args, gpu_id, nccl_port, target_worker), reads the runtime context.
+        # 0.5.21+: (server_args, gpu_id, nccl_port, target_worker), reads the runtime context.
         from sglang.test.test_utils import published_topology
 
         ctx = published_topology(speculative_algorithm="EAGLE", device="cpu", **spec)

@@ -612,6 +612,7 @@ def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkey
     import inspect
 
     from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative import eagle_worker_v2
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
 
     built = []
@@ -637,8 +638,11 @@ def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkey
         kwargs["ps"] = None
     with contextlib.ExitStack() as stack:
         stack.enter_context(published(speculative_num_steps=3, speculative_num_draft_tokens=4, device="cpu"))
-        if "ps" not in params:  # 0.5.23 reads the pipeline rank from the runtime context
+        if "ps" not in params:  # 0.5.21+ read the pipeline rank from the runtime context
             stack.enter_context(get_parallel().override(pp_group=SimpleNamespace(is_last_rank=True)))
+        # 0.5.19 - 0.5.20 still take ps but read the rank from parallel_state's group (eagle_worker_v2.py:1086).
+        if hasattr(eagle_worker_v2, "get_pp_group"):
+            monkeypatch.setattr(eagle_worker_v2, "get_pp_group", lambda: SimpleNamespace(is_last_rank=True))
         detspec = sl.DetspecEAGLEWorkerV2(**kwargs)
         builtin = EAGLEWorkerV2(**kwargs)
     assert type(detspec._draft_worker) is sl.DetspecEagleDraftWorker
