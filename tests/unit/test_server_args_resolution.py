@@ -355,6 +355,15 @@ def test_refuses_chunk_per_dp_attention_rank_off_the_alignment(models):
     assert compat.read_field(sa, "chunked_prefill_size") == 4096 == scheduler_alignment(sa)
 
 
+def test_refuses_a_non_positive_alignment(models, monkeypatch):
+    # The scheduler would divide by it (0) on the first chunked prompt.
+    monkeypatch.setenv("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "0")
+    with pytest.raises(DetspecConfigError, match="non-positive alignment.*Unset SGLANG_FLASHINFER_PREFILL_SPLIT_TILE"):
+        resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer", chunked_prefill_size=4096))
+    assert compat.read_field(resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer",
+                                                 chunked_prefill_size=-1)), "chunked_prefill_size") == -1
+
+
 @pytest.mark.parametrize("backend", ["flashinfer", "triton", "fa3"])
 @pytest.mark.parametrize("chunk", [64, 2048, 4096, 5000, 8192, 12288, -1])
 def test_chunk_sizes_refused_exactly_where_the_scheduler_would_misalign(models, backend, chunk):
