@@ -23,6 +23,15 @@ __all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_com
            "resolve_launch", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
 
 
+# The tiny pair is served with room for prompts of 16,384 tokens, prefilled in chunks of 4096 (the deterministic
+# prefill alignment of the triton backend, the smallest safe chunk), so that `check`'s long profile really splits
+# prompts into chunks beside the probe. The tiny configs declare 8192 positions (RoPE itself has no limit), hence
+# SGLang's switch for a longer --context-length.
+TINY_CONTEXT_LENGTH = 16384
+TINY_CHUNKED_PREFILL_SIZE = 4096
+TINY_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
 @dataclass
 class ServeDefaults:
     steps: int = 3
@@ -78,9 +87,9 @@ def build_serve_command(
         model_path = str(models.target)
         draft_model_path = str(models.eagle3_draft if algorithm == "DETSPEC_EAGLE3" else models.eagle_draft)
         # The tiny models carry a local tokenizer (and generated or dummy weights): nothing may be downloaded.
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-            if env.get(k) != "1":
-                env_changes[k] = "1"
+        for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **TINY_CONTEXT_ENV}.items():
+            if env.get(k) != v:
+                env_changes[k] = v
 
     if "TRITON_INTERPRET" in env:
         # Set for CPU tests; a GPU server under the Triton interpreter would crawl (or fail to launch kernels).
@@ -105,7 +114,10 @@ def build_serve_command(
         ("--attention-backend", [attention_backend]),
     ]
     if tiny:
-        defaults += [(flag, list(values)) for flag, values in server_flags(tiny_pair)]
+        long_context = {"--context-length": [str(TINY_CONTEXT_LENGTH)],
+                        "--chunked-prefill-size": [str(TINY_CHUNKED_PREFILL_SIZE)]}
+        defaults += [(flag, long_context.pop(flag, list(values))) for flag, values in server_flags(tiny_pair)]
+        defaults += list(long_context.items())
     defaults += [("--host", [host]), ("--port", [str(port)])]
 
     given = _flags_in(passthrough)
