@@ -20,7 +20,7 @@ unchanged (:func:`~sglang_detspec.integration.upstream_code.rebind`), with these
 * ``chain_speculative_sampling_triton`` (the rejection-sampling kernel) -> a wrapper that first applies the
   project's row-local truncation (:func:`sglang_detspec.integration.truncation.truncate_probs`: top-k, top-p and
   min-p of each row's *own* request, ties by lower index, exact fixed-point masses, renormalised; rows without
-  truncation returned bit for bit) to the target probabilities in place, then calls the upstream kernel;
+  truncation returned bit for bit) to the target probabilities, then calls the upstream kernel on the result;
 * ``sampling_softmax`` (0.5.22+) -> ``torch.softmax(logits / T)``, which is what it computes on every device
   but SM 10.3, and what 0.5.17 - 0.5.21 call directly.
 
@@ -129,7 +129,7 @@ def _truncate_then_chain(original: Callable) -> Callable:
                 f"DETSPEC verify: SGLang called {CHAIN_KERNEL_NAME} without a target_probs keyword; "
                 "sglang-detspec needs updating for this SGLang version"
             )
-        truncate_target_probs(site, target_probs)
+        kwargs["target_probs"] = truncate_target_probs(site, target_probs)
         site.chain_calls += 1
         return original(*args, **kwargs)
 
@@ -145,12 +145,18 @@ def _row_local_softmax(_original: Callable) -> Callable:
     return softmax
 
 
-def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> None:
-    """Apply each request's own top-k / top-p / min-p to its ``[steps + 1, V]`` target rows, in place."""
+def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> torch.Tensor:
+    """Each request's own top-k / top-p / min-p applied to its ``[steps + 1, V]`` target rows.
+
+    Returns ``target_probs`` itself when no row of the batch truncates, else a new tensor of its shape. Not in
+    place: the kernel then compacts each row's shrinking bisection bracket into the output and reads only that in
+    later steps, where in place every step re-reads the whole row (kernels/row_truncation.py, step 3).
+    ``eagle_sample`` reads ``target_probs`` only as the chain kernel's argument, so the new tensor replaces it there.
+    """
     info = site.sampling_info
     need_min_p = bool(getattr(info, "need_min_p_sampling", False))
     if not (info.need_top_k_sampling or info.need_top_p_sampling or need_min_p):
-        return
+        return target_probs
     bs, draft_tokens, vocab = target_probs.shape
     if draft_tokens != site.draft_token_num:
         raise RuntimeError(
@@ -161,14 +167,14 @@ def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> None:
     def per_row(values: torch.Tensor) -> torch.Tensor:
         return torch.repeat_interleave(values.reshape(-1)[:bs], draft_tokens)
 
-    truncate_probs(
+    truncated = truncate_probs(
         rows,
         per_row(info.top_ks),
         per_row(info.top_ps),
         per_row(info.min_ps) if need_min_p else None,
         renormalize=True,
-        out=rows,
     )
+    return truncated.view(bs, draft_tokens, vocab)
 
 
 _EAGLE_SAMPLE_REPLACEMENTS = {
