@@ -210,9 +210,39 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
             expect_exit=version_tuple(_safe_version()) < (0, 5, 23),
         ),
     ]
+    specs += multi_layer_specs(models, pair, base)
     for spec in specs:
         spec.env = {**LONG_CONTEXT_ENV, **spec.env}
     return {spec.name: spec for spec in specs}
+
+
+def multi_layer_args(models, pair: str) -> List[str]:
+    """Draft flags for multi-layer EAGLE: ``pair``'s tiny MiMo-V2-style MTP draft (built beside ``models`` on first
+    use, weights only for the weighted pair) and the flags it needs (``tiny_models.MTP_SERVER_FLAGS``:
+    ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size -1``)."""
+    from sglang_detspec.tiny_models import MTP_SERVER_FLAGS, ensure_mtp_draft
+
+    draft = ensure_mtp_draft(Path(models.target).parent.parent, pair=pair)  # the cache root of ``models``
+    flags = [part for flag, values in MTP_SERVER_FLAGS for part in (flag, *values)]
+    return ["--speculative-draft-model-path", str(draft), *SPEC_SHAPE, *flags]
+
+
+def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
+    """Multi-layer EAGLE (SGLang's MultiLayerEagleWorkerV2, one MTP layer per draft step) on the tiny pair's target.
+
+    With the triton backend the draft-extend graphs are captured per step (DETSPEC re-samples between replays);
+    only FlashAttention-3 rebuilds its metadata in-graph, so ``detspec_mtp_fa3_graph`` is the one that runs the
+    single-CUDA-graph draft-extend runner (``multi_layer_eagle_worker_v2.py:393-401``)."""
+    mtp = base + multi_layer_args(models, pair)
+    detspec = mtp + ["--speculative-algorithm", "DETSPEC_EAGLE", "--enable-deterministic-inference"]
+    return [
+        ServerSpec("detspec_mtp_graph", detspec),
+        ServerSpec("detspec_mtp_nograph", detspec + GRAPHS_OFF),
+        ServerSpec("detspec_mtp_fa3_graph", detspec + ["--attention-backend", "fa3"]),
+        # The control: the same pair, SGLang's own multi-layer worker with its (global-RNG) rejection sampling.
+        ServerSpec("builtin_mtp_rs",
+                   mtp + ["--speculative-algorithm", "EAGLE", "--speculative-use-rejection-sampling"]),
+    ]
 
 
 def free_port(start: int) -> int:

@@ -14,7 +14,8 @@ E2E_FILES = sorted(str(p) for p in HERE.glob("test_e2e_*.py") if p.name != Path(
 
 def test_e2e_modules_exist():
     names = {Path(f).name for f in E2E_FILES}
-    assert {"test_e2e_detspec.py", "test_e2e_builtin_baseline.py", "test_e2e_real_traffic.py"} <= names
+    assert {"test_e2e_detspec.py", "test_e2e_builtin_baseline.py", "test_e2e_real_traffic.py",
+            "test_e2e_multi_layer.py"} <= names
 
 
 def test_sglang_ci_tooling_registers_every_e2e_module():

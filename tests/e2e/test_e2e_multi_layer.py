@@ -1,0 +1,173 @@
+"""End to end: DETSPEC_EAGLE on SGLang's multi-layer EAGLE worker (one MTP layer per draft step), under real traffic.
+
+The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.tiny_models``, "multi-layer EAGLE"
+section: why MiMoV2MTP, ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size
+-1``). On the weighted pair (the default) its three MTP layers have seeded synthetic weights that approximate the
+target's bigram, so drafts are partly accepted (CPU estimate 2.2 of 4) and partly rejected: every MTP layer's seeded
+proposal and the residual samples reach the output.
+
+Every DETSPEC configuration -- per-step draft-extend CUDA graphs (triton), no CUDA graphs, and the single-graph
+draft-extend runner (FlashAttention-3) -- must give one probe output under every traffic profile of
+``sglang-detspec check``, and the log must show that the scheduler runs DETSPEC's multi-layer worker. Graphs on and
+off must give the same tokens (same attention backend). The control that shows the test can fail: SGLang's own
+multi-layer worker with rejection sampling (``--speculative-algorithm EAGLE --speculative-use-rejection-sampling``,
+which 0.5.17 accepts with multi-layer EAGLE for topk 1, arg_groups/speculative_hook.py:643-651) gives several
+outputs under uniform traffic. As in test_e2e_real_traffic.py it is not run under the mixed profile.
+"""
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+try:
+    from sglang.test.ci.ci_register import register_cuda_ci
+except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
+
+    def register_cuda_ci(*args, **kwargs):
+        return None
+
+
+import e2e_harness as h
+
+register_cuda_ci(est_time=600, suite="detspec-e2e")
+
+_SKIP = h.e2e_skip_reason()
+
+SEED = 1234
+TRIALS = 12
+#: server -> (traffic profiles, exit code the check must end with). 0: one output; 1: several (the control).
+CHECKS = {
+    "detspec_mtp_graph": ("all", 0),
+    "detspec_mtp_nograph": ("all", 0),
+    "detspec_mtp_fa3_graph": ("all", 0),
+    "builtin_mtp_rs": ("uniform", 1),
+}
+#: Same attention backend (triton), CUDA graphs on and off: the same tokens.
+SAME_TOKENS = ("detspec_mtp_graph", "detspec_mtp_nograph")
+ACCEPT_RANGE = (1.5, 3.5)
+#: What sglang_detspec.integration.worker_checks logs once the scheduler has built the DETSPEC worker.
+WORKER_LOG_LINE = (
+    "sglang-detspec: DETSPEC_EAGLE runs DetspecMultiLayerEagleWorkerV2 with DetspecMultiLayerEagleDraftWorker "
+    "and the DETSPEC target sampler."
+)
+
+#: What SGLang logs when it captures multi-layer draft-extend graphs
+#: (speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py:593 and :891 in 0.5.17, :632 and :1025 in 0.5.23).
+PER_STEP_CAPTURE = "Capture draft extend CUDA graph begin. step="
+SINGLE_CG_CAPTURE = "Capture single-CG draft extend begin"
+#: server -> the draft-extend graph runner it must capture (None: no draft-extend graphs).
+RUNNER = {
+    "detspec_mtp_graph": PER_STEP_CAPTURE,  # triton does not rebuild its metadata in-graph: one graph per step
+    "detspec_mtp_nograph": None,
+    "detspec_mtp_fa3_graph": SINGLE_CG_CAPTURE,
+    "builtin_mtp_rs": PER_STEP_CAPTURE,
+}
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
+    *[pytest.mark.e2e_server(name) for name in CHECKS],
+]
+
+DETSPEC = [n for n, (_, rc) in CHECKS.items() if rc == 0]
+CONTROLS = [n for n, (_, rc) in CHECKS.items() if rc == 1]
+
+
+def _check(srv, traffic: str, report_path) -> dict:
+    cmd = [
+        sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--traffic", traffic,
+        "--trials", str(TRIALS), "--seed", str(SEED), "--seeds", "1,2", "--wait", "120", "--timeout", "300",
+        "--report", str(report_path), "--no-progress",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-2000:], "report": report}
+
+
+@pytest.fixture(scope="module")
+def checks(e2e_pool):
+    """Run every server's check at once; record a summary per server in e2e_results.json (reports beside it)."""
+    out = h.out_dir() / "checks"
+    out.mkdir(exist_ok=True)
+    servers = {name: e2e_pool.ready(name) for name in CHECKS}
+    with ThreadPoolExecutor(len(CHECKS)) as pool:
+        futures = {
+            name: pool.submit(_check, srv, CHECKS[name][0], out / f"{name}.json") for name, srv in servers.items()
+        }
+        results = {name: f.result() for name, f in futures.items()}
+    for name, r in results.items():
+        rep = r["report"]
+        h.record(f"check_{name}", {
+            "traffic": CHECKS[name][0],
+            "returncode": r["returncode"],
+            "unique_outputs": rep.get("unique_outputs"),
+            "profiles": {p["name"]: {"unique": p["unique_outputs"], "passed": p.get("passed"),
+                                     "accept": p.get("probe_accept_length")} for p in rep.get("profiles", [])},
+            "probe_accept_length": rep.get("probe_accept_length"),
+            "first_output_ids": (rep.get("trials") or [{}])[0].get("output_ids"),
+            "worker_log_line": WORKER_LOG_LINE in servers[name].log_text(),
+            "stdout": r["stdout"][-2500:],
+        })
+        print(f"--- {name} (check --traffic {CHECKS[name][0]}): exit {r['returncode']}\n{r['stdout'][-2500:]}")
+    return results
+
+
+@pytest.mark.parametrize("name", DETSPEC)
+def test_detspec_runs_the_multi_layer_worker(e2e_pool, name):
+    srv = e2e_pool.ready(name)
+    assert WORKER_LOG_LINE in srv.log_text(), srv.log_tail(60)
+
+
+def test_the_control_runs_sglangs_own_worker(e2e_pool):
+    """The control really is upstream's worker: no DETSPEC worker line (test below: its multi-layer graphs)."""
+    log = e2e_pool.ready("builtin_mtp_rs").log_text()
+    assert "sglang-detspec: DETSPEC_EAGLE runs" not in log, "the control server ran a DETSPEC worker"
+
+
+@pytest.mark.parametrize("name", list(RUNNER))
+def test_each_server_captures_the_expected_draft_extend_graphs(e2e_pool, name):
+    """Which multi-layer draft-extend path each configuration exercises: per-step graphs, the single graph, none."""
+    log = e2e_pool.ready(name).log_text()
+    captured = [line for line in (PER_STEP_CAPTURE, SINGLE_CG_CAPTURE) if line in log]
+    assert captured == ([RUNNER[name]] if RUNNER[name] else []), captured
+
+
+@pytest.mark.parametrize("name", DETSPEC)
+def test_detspec_mtp_one_output_under_every_profile(checks, name):
+    r = checks[name]
+    rep = r["report"]
+    assert r["returncode"] == 0, r["stdout"] + r["stderr"]
+    assert rep["unique_outputs"] == 1
+    for profile in rep["profiles"]:
+        assert profile["unique_outputs"] == 1, profile
+        assert len(profile["trials"]) >= min(TRIALS, 6), profile  # prefix runs 6 trials, the others TRIALS
+    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+
+
+@pytest.mark.parametrize("name", DETSPEC)
+def test_detspec_mtp_accept_length_shows_rejection(checks, name):
+    """The MTP drafts are partly accepted and partly rejected: the probe's accept length lies well inside (1, 4)."""
+    accept = checks[name]["report"]["probe_accept_length"]
+    assert accept is not None, "no spec_verify_ct in meta_info: speculation did not run"
+    assert ACCEPT_RANGE[0] <= accept <= ACCEPT_RANGE[1], accept
+
+
+def test_same_tokens_with_graphs_on_or_off(checks):
+    first = {name: checks[name]["report"]["trials"][0]["output_ids"] for name in SAME_TOKENS}
+    assert len({tuple(ids) for ids in first.values()}) == 1, first
+
+
+@pytest.mark.parametrize("name", CONTROLS)
+def test_builtin_multi_layer_rejection_sampling_gives_several_outputs(checks, name):
+    r = checks[name]
+    rep = r["report"]
+    assert r["returncode"] == 1, r["stdout"] + r["stderr"]
+    assert rep["unique_outputs"] > 1
+    assert rep["divergence"] is not None and "first at token" in r["stdout"], r["stdout"]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-v", "-s"]))
