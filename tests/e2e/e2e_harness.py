@@ -380,7 +380,9 @@ class ServerPool:
         self.specs = specs
         self.servers: Dict[str, Server] = {}
         self.prelaunch: List[str] = []
-        self._next_port = 31000
+        # Several pools (the E2E tests, scripts/run_sglang_harness.py) may start servers on one machine at once:
+        # each needs its own range, as free_port only sees ports that are already bound.
+        self._next_port = int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000"))
         self.parallel = os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0"
         self.timeout = float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600"))
 
