@@ -8,6 +8,7 @@ scheduler, DP-controller and detokenizer process. It registers
   (:mod:`sglang_detspec.integration.algorithm`), and
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
 * a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
+* per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
   (:mod:`sglang_detspec.integration.worker_checks`),
 
@@ -49,11 +50,18 @@ def load_plugin() -> Dict[str, object]:
     Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
     """
     try:
-        from sglang_detspec.integration import algorithm, request_validation, server_args, worker_checks
+        from sglang_detspec.integration import (
+            algorithm,
+            parallel_sampling,
+            request_validation,
+            server_args,
+            worker_checks,
+        )
 
         algorithm.register_algorithms()
         server_args.install_resolution_hook()
         request_validation.install_request_validation()
+        parallel_sampling.install_parallel_sampling_seeds()
         worker_checks.install_scheduler_check()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for

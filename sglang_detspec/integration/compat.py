@@ -457,3 +457,24 @@ def top_k_all() -> int:
     except ImportError:  # pragma: no cover - both supported releases define it
         return 1 << 30
     return int(TOP_K_ALL)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parallel sampling (n > 1): where the n choices of a prompt are sent (added by the rollouts helper)
+# ---------------------------------------------------------------------------------------------------
+#
+# Both releases expand ``n`` in ``TokenizerManager._handle_batch_request`` (0.5.17 tokenizer_manager.py:1812-1875,
+# 0.5.23 :2115-2183) the same way: a prefix warm-up per prompt whose ``sampling_params`` is a copy with
+# ``max_new_tokens = 0``, then ``n`` ``copy.copy``s of the prompt's tokenized request, sharing its one
+# ``SamplingParams``. The difference: ``_send_one_request`` is a plain method in 0.5.17 (:1540) and a coroutine in
+# 0.5.23 (:1769). A BEFORE hook runs synchronously before the call in both cases (``HookRegistry``'s wrapper calls the
+# hook, then returns what the original returns: ``None`` or the coroutine), so one hook serves both. The warm-up's
+# rid is ``f"{logical_rid}_{uuid}"`` in 0.5.17 and a bare uuid in 0.5.23, so nothing but the shared
+# ``SamplingParams`` object identifies a prompt's choices on every release.
+
+PARALLEL_SAMPLING_SEND_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._send_one_request"
+
+
+def parallel_sampling_send_target() -> str:
+    """Dotted path of the method every choice of an ``n > 1`` request passes through (same name 0.5.17 - 0.5.23)."""
+    return PARALLEL_SAMPLING_SEND_TARGET
