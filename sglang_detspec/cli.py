@@ -197,7 +197,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         args.url, prompt=args.prompt, seed=args.seed, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, trials=args.trials, max_fillers=args.max_fillers, traffic=args.traffic,
         seeds=args.seeds, timeout=args.timeout, wait=args.wait, api_key=args.api_key,
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress else None, logprobs=args.logprobs,
     )
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -324,6 +324,9 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the server to come up (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--logprobs", action="store_true",
+                   help="the probe also returns its output token logprobs and top-5 logprobs; fail unless they are "
+                   "bit-identical in every trial with the reference's tokens (the report names the largest difference)")
 
 
 def build_parser() -> argparse.ArgumentParser:

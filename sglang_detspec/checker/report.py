@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sglang_detspec.checker.client import ServerInfo
+from sglang_detspec.checker.logprobs import LogprobCheck, format_logprob_line
 from sglang_detspec.command_base import PROG
 
 
@@ -44,6 +45,8 @@ class Trial:
     cached_tokens: int | None = None
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
+    output_logprobs: list[float] | None = None  # with --logprobs: meta_info.output_token_logprobs' values
+    output_top_logprobs: list[list[tuple[float, int]]] | None = None  # and the top logprobs (logprob, id)
 
 
 def output_key(trial: Trial, use_ids: bool):
@@ -112,6 +115,7 @@ class CheckResult:
     divergence: Divergence | None
     seeds_check: SeedsCheck | None = None
     warnings: list[str] = field(default_factory=list)
+    logprobs_check: LogprobCheck | None = None  # with --logprobs
 
     @property
     def deterministic(self) -> bool:
@@ -119,7 +123,8 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
+        return (self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
+                and (self.logprobs_check is None or self.logprobs_check.passed))
 
     @property
     def differing_trials(self) -> list[int]:
@@ -147,6 +152,8 @@ class CheckResult:
         }
         if self.seeds_check is not None:
             d["seeds_check"]["passed"] = self.seeds_check.passed
+        if self.logprobs_check is not None:
+            d["logprobs_check"]["passed"] = self.logprobs_check.passed
         return d
 
 
@@ -250,9 +257,13 @@ def format_check(result: CheckResult) -> str:
         else:
             pairs = ", ".join(f"{a} = {b}" for a, b in sc.collisions)
             lines.append(f"seeds:   distinct seeds gave identical outputs: {pairs} (is the seed ignored?)")
+    lc = result.logprobs_check
+    if lc is not None:
+        lines.append(format_logprob_line(lc))
     traffic = ", ".join(result.traffic)
     if result.passed:
         lines.append(f"PASS: the seeded probe gave one output whatever the traffic ({traffic})" + (
+            ", with bit-identical logprobs" if lc is not None else "") + (
             ", and distinct seeds gave distinct outputs" if sc is not None else ""))
     else:
         why = []
@@ -261,5 +272,8 @@ def format_check(result: CheckResult) -> str:
             why.append(f"the seeded probe's output changed with the traffic ({failed})")
         if sc is not None and not sc.passed:
             why.append("distinct seeds gave identical outputs")
+        if lc is not None and not lc.passed:
+            why.append("the probe's logprobs changed with the traffic" if lc.differing_trials
+                       else "the server returned no logprobs")
         lines.append("FAIL: " + "; ".join(why))
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Sequence
 
+from sglang_detspec.checker import logprobs as lp
 from sglang_detspec.checker import traffic as tr
 from sglang_detspec.checker.client import Client, ServerInfo, ServerUnreachable, connect, fetch_server_info, float_or_none
 from sglang_detspec.checker.progress import ProgressBar
@@ -65,6 +66,7 @@ def _to_trial(index: int, plan: tr.TrialPlan, seed: int, body: dict, fillers: li
         filler_details=fillers, flushed_cache=plan.flush_cache_first, completion_tokens=completion,
         prompt_tokens=_int(meta.get("prompt_tokens")), cached_tokens=_int(meta.get("cached_tokens")),
         spec_verify_ct=verify_ct, spec_accept_length=accept,
+        output_logprobs=lp.parse_token_logprobs(meta), output_top_logprobs=lp.parse_top_logprobs(meta),
     )
 
 
@@ -249,12 +251,14 @@ def run_check(
     api_key: str | None = None,
     progress: bool | None = False,
     plan_seed: int = 0,
+    logprobs: bool = False,
 ) -> CheckResult:
     """Run every profile of ``traffic`` (``trials`` trials each; prefix: six) around the seeded probe and compare
     all its outputs; with ``seeds``, also send the probe once per seed and report seeds with identical outputs.
 
     Raises :class:`CliError` (one line) when the server is unreachable, is not SGLang or answers an error.
-    ``progress``: a progress bar on stderr (None: only on a terminal).
+    ``progress``: a progress bar on stderr (None: only on a terminal). ``logprobs``: the probe also asks for its
+    output token logprobs and top logprobs, which must be bit-identical in every trial with the reference's tokens.
     """
     profiles = _validate(trials=trials, max_fillers=max_fillers, max_new_tokens=max_new_tokens,
                          temperature=temperature, seeds=seeds, seed=seed, traffic=traffic)
@@ -274,7 +278,8 @@ def run_check(
             warnings.append("temperature 0 is greedy decoding: the seed plays no part in this check")
 
         rng = random.Random(plan_seed)
-        probe = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+        probe = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                           **({"request": dict(lp.PROBE_FIELDS)} if logprobs else {}))
         results: list[Trial] = []
         by_profile: dict[str, tuple[list[Trial], tr.LongLengths | None]] = {}
         total = sum(tr.PREFIX_TRIALS if p == "prefix" else trials for p in profiles) + len(seeds or ())
@@ -342,6 +347,9 @@ def run_check(
             compared="output_ids" if use_ids else "text",
             unique_outputs=len({output_key(t, use_ids) for t in results}),
             divergence=first_divergence(reference, results, use_ids), seeds_check=seeds_check, warnings=warnings,
+            logprobs_check=lp.compare_logprobs(
+                reference, results, lambda t: output_key(t, use_ids) == output_key(reference, use_ids)
+            ) if logprobs else None,
         )
     finally:
         client.close()

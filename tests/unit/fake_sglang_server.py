@@ -37,6 +37,12 @@ second fixed continuation from token ``DIVERGE_AT`` on -- a server whose output 
 condition (``served.neighbours``: the requests in flight at any time while this one was; ``served.cached_tokens``
 and ``served.cache_source``: "self" when the cache hit is this very prompt, "other" when another prompt's).
 
+``return_logprob`` (and ``top_logprobs_num``) add ``meta_info.output_token_logprobs`` ``[[logprob, id, None], ...]``
+and ``output_top_logprobs`` (per position ``[[logprob, id, None], ...]``), float32 values that are a function of the
+output tokens and the seed; ``logprob_jitter_if(request, served)`` True moves the token logprob at position
+``LOGPROB_JITTER_AT`` by ``LOGPROB_JITTER`` (tokens unchanged: what a batch-variant log-softmax does), and
+``logprobs=False`` makes the server ignore ``return_logprob``.
+
 Every request is recorded (``generate_requests``, ``responses``, ``timeline``) so tests can check what the
 client sent and in which order.
 """
@@ -47,6 +53,7 @@ import hashlib
 import itertools
 import json
 import math
+import struct
 import threading
 import time
 import urllib.parse
@@ -57,6 +64,8 @@ from typing import Callable
 DIVERGE_AT = 5
 VOCAB = 500
 ERROR_MESSAGE = "CUDA error: an illegal memory access was encountered"
+LOGPROB_JITTER_AT = 3
+LOGPROB_JITTER = 2.0**-20
 
 
 def token_ids(*parts, n: int) -> list[int]:
@@ -65,6 +74,16 @@ def token_ids(*parts, n: int) -> list[int]:
         h = hashlib.sha256(("|".join(map(str, parts)) + f"|{k}").encode()).digest()
         out.append(int.from_bytes(h[:4], "little") % VOCAB)
     return out
+
+
+def _float32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def fake_logprob(*parts) -> float:
+    """A float32 logprob in (-16, 0] that is a function of ``parts``."""
+    h = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return _float32(-int.from_bytes(h[:4], "little") / 2**28)
 
 
 def detokenize(ids: list[int]) -> str:
@@ -116,6 +135,8 @@ class FakeSGLang:
         disable_radix_cache: bool = False,
         flush_cache: bool = True,
         diverge_if: Callable[[dict, Served], bool] | None = None,
+        logprobs: bool = True,
+        logprob_jitter_if: Callable[[dict, Served], bool] | None = None,
     ):
         self.mode = mode
         self.output_ids = output_ids
@@ -137,6 +158,8 @@ class FakeSGLang:
         self.disable_radix_cache = disable_radix_cache
         self.flush_cache = flush_cache
         self.diverge_if = diverge_if
+        self.logprobs = logprobs
+        self.logprob_jitter_if = logprob_jitter_if
         # (path, status) of every /health, /generate and /flush_cache request, in arrival order (0: not answered)
         self.events: list[tuple[str, int]] = []
         # (monotonic time, "arrive" | "first_chunk" | "done" | "flush", request id or None, prompt or None)
@@ -388,7 +411,21 @@ class FakeSGLang:
             meta["spec_verify_ct"] = verify_ct
             if self.report_accept_length:
                 meta["spec_accept_length"] = n / verify_ct
+        if req.get("return_logprob") and self.logprobs:
+            self._add_logprobs(meta, req, served, seed, ids)
         body = {"text": detokenize(ids), "meta_info": meta}
         if self.output_ids:
             body["output_ids"] = ids
         return body
+
+    def _add_logprobs(self, meta: dict, req: dict, served: Served, seed, ids: list[int]) -> None:
+        values = [fake_logprob(seed, k, t) for k, t in enumerate(ids)]
+        if self.logprob_jitter_if is not None and self.logprob_jitter_if(req, served) and len(values) > LOGPROB_JITTER_AT:
+            values[LOGPROB_JITTER_AT] = _float32(values[LOGPROB_JITTER_AT] - LOGPROB_JITTER)
+        meta["output_token_logprobs"] = [[v, t, None] for v, t in zip(values, ids)]
+        top = req.get("top_logprobs_num") or 0
+        if top:
+            meta["output_top_logprobs"] = [
+                sorted(([fake_logprob(seed, k, "top", r), (t + r) % VOCAB, None] for r in range(top)), reverse=True)
+                for k, t in enumerate(ids)
+            ]
