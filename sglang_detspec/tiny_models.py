@@ -381,8 +381,8 @@ def _complete(m: TinyModels, pair: str) -> bool:
 # * ``--disable-hybrid-swa-memory``: MiMoV2MTP counts as a hybrid-SWA model (configs/model_config.py:2000
 #   [:2663]), and a hybrid-SWA draft pool needs the target's SWA allocator, which a Llama target does not have
 #   (mem_cache/kv_cache_configurator.py:1608 [:2963] asserts SWATokenToKVPoolAllocator).
-# * ``--chunked-prefill-size -1``: DETSPEC refuses multi-layer EAGLE with chunked prefill
-#   (sglang_detspec.integration.server_args).
+# * ``--chunked-prefill-size -1`` and ``--disable-radix-cache``: DETSPEC refuses multi-layer EAGLE with chunked
+#   prefill and with the radix cache (sglang_detspec.integration.server_args).
 # * Weights: MiMo-V2-Flash's checkpoint layout, ``model.mtp.layers.{i}.*`` for MTP layer i; the loader gives
 #   runner i layer ``draft_model_idx`` only (loader.py:675-690). There are MTP_LAYERS of them, so serve with
 #   ``--speculative-num-steps`` <= MTP_LAYERS (a runner without its layer would keep uninitialised weights).
@@ -398,6 +398,7 @@ MTP_SERVER_FLAGS = (
     ("--enable-multi-layer-eagle", ()),
     ("--disable-hybrid-swa-memory", ()),
     ("--chunked-prefill-size", ("-1",)),
+    ("--disable-radix-cache", ()),  # DETSPEC refuses the radix cache with multi-layer EAGLE (server_args.py)
 )
 #: Weighted draft: the gain on the target-hidden half of ``eh_proj`` (see ``mtp_draft_weights``).
 MTP_HIDDEN_GAIN = 0.3

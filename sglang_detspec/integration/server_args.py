@@ -85,6 +85,9 @@ deterministic prefill alignment             ``SGLANG_TRITON_PREFILL_TRUNCATION_A
 ``--chunked-prefill-size`` > 0 with multi-  The multi-layer worker's prefill draft input depends on where a
 layer EAGLE (switched on by its flag or     prompt was cut (upstream TODO "same chunked-prefill chain
 by a model override)                        divergence as PR #26329"). Pass ``--chunked-prefill-size -1``.
+the radix cache with multi-layer EAGLE      Draft step i reads the prompt shifted by i + 1 tokens, EAGLE's
+                                            bigram radix keys cover one: a prompt half cached by another
+                                            prompt got other tokens on the H200. Pass ``--disable-radix-cache``.
 ``--disaggregation-mode prefill`` /         The decode server's first verify of a request differs: 0.5.17 -
 ``decode``                                  0.5.21 hand over no draft probabilities, 0.5.22+ propose the
                                             handed-over token with probability one. Serve in one server.
@@ -99,13 +102,15 @@ Not refused, documented instead (checked against BRIEF section 5 and the sources
 * DP attention, TP > 1, two-batch overlap, pipeline parallelism: allowed where upstream allows them for
   EAGLE; batch invariance of the model forward is upstream deterministic mode's job. Only TP=1 without
   these is exercised by this project's tests.
-* ``n > 1``: SGLang gives all n samples one seed, so they are identical in deterministic mode (upstream
-  behaviour; send n requests with different seeds instead).
+* ``n > 1``: choice i of a seeded request samples with ``choice_seed(seed, i)`` (choice 0 keeps the seed;
+  :mod:`sglang_detspec.choice_seeds`, installed by :mod:`.parallel_sampling`); upstream's one seed for all n
+  with ``SGLANG_DETSPEC_SAME_SEED_FOR_N=1`` or ``custom_params={"detspec_same_seed_for_n": true}``.
 * retraction under memory pressure: a retracted request is re-prefilled and its next token is sampled by
   the target sampler rather than by verify, so the realisation can change under memory pressure
   (inherent; size ``--max-running-requests`` / ``--mem-fraction-static`` to avoid retraction).
 * multi-layer EAGLE: chosen exactly as upstream chooses it (``--enable-multi-layer-eagle`` or a model
-  override), with chunked prefill off (table above); the multi-layer worker owns its numerics caveats.
+  override), with chunked prefill and the radix cache off (table above); the multi-layer worker owns its
+  numerics caveats.
 
 Where SGLang compares the algorithm *name* (not ``is_eagle()``)
 =================================================================
@@ -494,6 +499,23 @@ def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int
     raise _refuse(name, flag, why, fix)
 
 
+def _refuse_radix_cache_with_multi_layer(server_args: Any, name: str) -> None:
+    """Refuse the radix cache with multi-layer EAGLE (measured on the H200: a prompt half cached by another prompt
+    changed a seeded request's tokens from its third token on; a fully cached or cold prompt did not)."""
+    if not compat.multi_layer_eagle_enabled(server_args) or _flag(server_args, "disable_radix_cache", False):
+        return
+    raise _refuse(
+        name,
+        "the radix cache and multi-layer EAGLE",
+        "draft step i's layer reads the prompt shifted by i + 1 tokens (rotate_input_ids per step), so its KV at a "
+        "cached position depends on the i + 1 tokens that followed it in the request that filled the cache, while "
+        "EAGLE's bigram radix keys only guarantee the next one; a prompt that shares a prefix with an earlier, "
+        "different prompt therefore gets other draft proposals, hence other tokens, than the same prompt cold",
+        "Pass --disable-radix-cache (multi-layer EAGLE is on through --enable-multi-layer-eagle or SGLang's "
+        "override for this model), or use single-layer EAGLE, whose cache reuse is reproducible.",
+    )
+
+
 def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str) -> None:
     # EAGLE-3 drafts declare a reduced vocabulary as ``draft_vocab_size`` (and ship a d2t map); SGLang
     # builds its hot-token map from it. Reading the configs here turns SGLang's worker-init refusal into a
@@ -531,6 +553,7 @@ def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any
     result = original(server_args, *args, **kwargs)
     _check_resolved(server_args, name, twin)
     _refuse_chunked_prefill(server_args, name, requested_chunk)
+    _refuse_radix_cache_with_multi_layer(server_args, name)
     compat.write_fields(
         server_args,
         "detspec.restore_name",

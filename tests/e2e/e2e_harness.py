@@ -239,6 +239,8 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
         ServerSpec("detspec_mtp_graph", detspec),
         ServerSpec("detspec_mtp_nograph", detspec + GRAPHS_OFF),
         ServerSpec("detspec_mtp_fa3_graph", detspec + ["--attention-backend", "fa3"]),
+        # Refused at start-up: the radix cache would let another prompt's tokens into the draft KV (server_args.py).
+        ServerSpec("detspec_mtp_radix", [a for a in detspec if a != "--disable-radix-cache"], expect_exit=True),
         # The control: the same pair, SGLang's own multi-layer worker with its (global-RNG) rejection sampling.
         ServerSpec("builtin_mtp_rs",
                    mtp + ["--speculative-algorithm", "EAGLE", "--speculative-use-rejection-sampling"]),

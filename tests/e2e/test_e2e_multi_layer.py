@@ -2,7 +2,7 @@
 
 The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.tiny_models``, "multi-layer EAGLE"
 section: why MiMoV2MTP, ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size
--1``). On the weighted pair (the default) its three MTP layers have seeded synthetic weights that approximate the
+-1``, ``--disable-radix-cache``: DETSPEC refuses the last two's opposites with multi-layer EAGLE). On the weighted pair (the default) its three MTP layers have seeded synthetic weights that approximate the
 target's bigram, so drafts are partly accepted (CPU estimate 2.2 of 4) and partly rejected: every MTP layer's seeded
 proposal and the residual samples reach the output.
 
@@ -86,7 +86,7 @@ RUNNER = {name: capture for name, capture in RUNNER.items() if name in CHECKS}
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in CHECKS],
+    *[pytest.mark.e2e_server(name) for name in (*CHECKS, "detspec_mtp_radix")],
 ]
 
 DETSPEC = [n for n, (_, rc) in CHECKS.items() if rc == 0]
@@ -130,6 +130,16 @@ def checks(e2e_pool):
         })
         print(f"--- {name} (check --traffic {CHECKS[name][0]}): exit {r['returncode']}\n{r['stdout'][-2500:]}")
     return results
+
+
+def test_radix_cache_with_multi_layer_is_refused_at_startup(e2e_pool):
+    """Measured on the H200 before the refusal: with the radix cache on, the probe half cached by another prompt
+    (the prefix profile's half-warm trial) changed from its third token on, graphs on and off alike."""
+    srv = e2e_pool.get("detspec_mtp_radix")
+    rc = srv.wait_exit(300)
+    assert rc is not None and rc != 0, "the multi-layer server kept running with the radix cache on"
+    log = srv.log_text()
+    assert "the radix cache and multi-layer EAGLE" in log and "--disable-radix-cache" in log, srv.log_tail(30)
 
 
 @pytest.mark.parametrize("name", DETSPEC)

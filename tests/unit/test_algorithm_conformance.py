@@ -173,8 +173,9 @@ def _resolved(tmp_path, arch, algorithm_name, **extra):
     (d / "config.json").write_text(json.dumps(cfg))
     sa = ServerArgs(model_path=str(d), device="cuda", speculative_algorithm=algorithm_name,
                     speculative_draft_model_path=str(d), enable_deterministic_inference=True,
-                    # chunked prefill off: DETSPEC refuses it with multi-layer EAGLE (server_args.py)
-                    attention_backend="triton", chunked_prefill_size=-1, **extra)
+                    # chunked prefill and the radix cache off: DETSPEC refuses them with multi-layer EAGLE
+                    # (server_args.py)
+                    attention_backend="triton", chunked_prefill_size=-1, disable_radix_cache=True, **extra)
     if hasattr(sa, "resolve_once"):
         sa.resolve_once()
     return sa

@@ -158,9 +158,9 @@ def test_rl_on_policy_target_implies_deterministic(models):
 
 def test_model_override_for_the_eagle_name_applies(models):
     """SGLang switches MiMo-V2 to multi-layer EAGLE when the name is "EAGLE"; DETSPEC_EAGLE gets the same
-    (with chunked prefill off, which multi-layer DETSPEC requires)."""
+    (with chunked prefill and the radix cache off, which multi-layer DETSPEC requires)."""
     kw = base_args(models, "DETSPEC_EAGLE", model_path=models["mimo"], attention_backend="triton",
-                   chunked_prefill_size=-1)
+                   chunked_prefill_size=-1, disable_radix_cache=True)
     assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
     kw["speculative_algorithm"] = "EAGLE"
     assert compat.read_field(resolve(**kw), "enable_multi_layer_eagle") is True
@@ -399,11 +399,29 @@ def test_refuses_chunked_prefill_with_multi_layer_eagle(models, how):
         msg = str(info.value)
         assert "multi-layer EAGLE" in msg and "#26329" in msg and "Pass --chunked-prefill-size -1" in msg, msg
         assert (f"--chunked-prefill-size {chunk}" if chunk else "SGLang's default for this GPU") in msg, msg
-    sa = resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=-1, **flags))
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=-1, disable_radix_cache=True, **flags))
     assert compat.read_field(sa, "enable_multi_layer_eagle") is True
     # The single-layer worker has upstream's fix: aligned chunked prefill stays allowed there.
     assert compat.read_field(resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="flashinfer",
                                                  chunked_prefill_size=8192)), "chunked_prefill_size") == 8192
+
+
+@pytest.mark.parametrize("how", ["model-override", "flag"])
+def test_refuses_the_radix_cache_with_multi_layer_eagle(models, how):
+    # triton: under deterministic inference SGLang turns the radix cache off itself for backends outside
+    # RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND (flashinfer among them), and then there is nothing to refuse.
+    if how == "model-override":
+        flags = dict(model_path=models["mimo"], attention_backend="triton")
+    else:
+        flags = dict(enable_multi_layer_eagle=True, attention_backend="triton")
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE", chunked_prefill_size=-1, **flags))
+    msg = str(info.value)
+    assert "the radix cache and multi-layer EAGLE" in msg and "Pass --disable-radix-cache" in msg, msg
+    # Single-layer EAGLE keeps the radix cache (its bigram keys cover the one token its draft layer reads ahead).
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", attention_backend="triton", chunked_prefill_size=-1))
+    assert compat.read_field(sa, "disable_radix_cache") is False
+    assert compat.read_field(sa, "enable_multi_layer_eagle") is False
 
 
 @pytest.mark.parametrize("mode", ["prefill", "decode"])

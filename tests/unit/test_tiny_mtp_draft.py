@@ -149,6 +149,15 @@ def test_detspec_refuses_the_multi_layer_spec_with_chunked_prefill(specs, monkey
     assert "Pass --chunked-prefill-size -1" in str(e.value)
 
 
+def test_detspec_refuses_the_multi_layer_spec_with_the_radix_cache(specs, monkeypatch):
+    """Why MTP_SERVER_FLAGS carries --disable-radix-cache: DETSPEC refuses multi-layer EAGLE with the radix cache."""
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    args = [a for a in specs["detspec_mtp_graph"].args if a != "--disable-radix-cache"]
+    with pytest.raises(DetspecConfigError, match="radix cache and multi-layer EAGLE") as e:
+        _resolve_argv(args + ["--device", "cuda"])
+    assert "Pass --disable-radix-cache" in str(e.value)
+
+
 @pytest.fixture(scope="module")
 def draft_model_config(specs):
     from sglang.srt.configs.model_config import ModelConfig
