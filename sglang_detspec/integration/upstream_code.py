@@ -13,17 +13,24 @@ A name can reach an upstream body in two ways, and :func:`rebind` replaces it in
   do inside ``eagle_sample``). For those the clone gets private builtins whose ``__import__`` hands the body a
   view of the imported module in which the replaced attributes resolve to the DETSPEC versions. Only
   ``from M import name [as alias]`` statements executed by the clone see it; the module itself is untouched.
+
+Each worker family declares its rebound methods in one :class:`ReboundMethods` table, ``(owner, method) -> names
+the body must read``, built when the worker is constructed. A stand-in learns which call it serves (the key
+positions of a draft site, the sampling parameters of a verify step) from a :class:`Site` that the overriding method
+enters around the upstream body.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import contextvars
 import dis
 import functools
 import types
-from typing import Any, Callable, Dict, Iterable, Mapping
+from typing import Any, Callable, Dict, Generic, Iterable, Iterator, Mapping, Optional, Tuple, TypeVar
 
-__all__ = ["code_names", "imported_names", "rebind", "rebind_globals"]
+__all__ = ["ReboundMethods", "Site", "code_names", "imported_names", "reachable_names", "rebind", "rebind_globals"]
 
 #: A replacement is built from the original object the name would have resolved to, so a stand-in can wrap it
 #: (e.g. run a truncation, then the upstream kernel).
@@ -46,6 +53,12 @@ def imported_names(code: types.CodeType) -> set:
         if isinstance(const, types.CodeType):
             names |= imported_names(const)
     return names
+
+
+def reachable_names(func: Callable) -> set:
+    """The names ``func``'s body can resolve to something :func:`rebind` replaces: globals of its module it reads,
+    and names it imports with ``from M import name``."""
+    return (code_names(func.__code__) & set(func.__globals__)) | imported_names(func.__code__)
 
 
 class _ModuleView:
@@ -88,7 +101,7 @@ def rebind(func: Callable, replacements: Mapping[str, Replacement], *, required:
     code = func.__code__
     read_globals = code_names(code) & set(func.__globals__)
     imported = imported_names(code)
-    missing = [name for name in required if name not in read_globals and name not in imported]
+    missing = [name for name in required if name not in read_globals | imported]
     if missing:
         raise RuntimeError(
             f"{func.__module__}.{func.__qualname__} no longer reads {missing}; "
@@ -117,3 +130,75 @@ def rebind_globals(func: Callable, overrides: Dict[str, Any]) -> Callable:
             "sglang-detspec needs updating for this SGLang version"
         )
     return rebind(func, {name: (lambda _original, value=value: value) for name, value in overrides.items()})
+
+
+class ReboundMethods:
+    """A worker family's declared table of rebound upstream methods: ``(owner, method) -> names its body must read``.
+
+    ``rebound(owner, name)`` is ``vars(owner)[name]`` run by :func:`rebind` with each of its declared names resolving
+    to ``stand_ins()[name]``; built once and cached. ``stand_ins`` is called at the first build, so it may name
+    classes defined after the table. :meth:`build_all` runs when the worker is constructed (in the scheduler process,
+    after every plugin patch): an upstream body that no longer reads a declared name fails the launch, instead of
+    silently keeping upstream's unseeded sampler.
+    """
+
+    def __init__(self, required: Mapping[Tuple[Any, str], Tuple[str, ...]], stand_ins: Callable[[], Mapping[str, Any]]):
+        self.required = dict(required)
+        self._stand_ins = stand_ins
+        self._built: Dict[Tuple[Any, str], Callable] = {}
+
+    def __call__(self, owner: Any, name: str) -> Callable:
+        key = (owner, name)
+        if key not in self._built:
+            wanted = self.required[key]
+            stand_ins = self._stand_ins()
+            self._built[key] = rebind(
+                vars(owner)[name], {n: (lambda _original, value=stand_ins[n]: value) for n in wanted}, required=wanted
+            )
+        return self._built[key]
+
+    def build_all(self) -> None:
+        for owner, name in self.required:
+            self(owner, name)
+
+    def cache_clear(self) -> None:
+        """Forget the built bodies, so the next call snapshots the upstream module globals again (tests patch them)."""
+        self._built.clear()
+
+
+SiteT = TypeVar("SiteT")
+
+
+class Site(Generic[SiteT]):
+    """What the stand-ins of a rebound body learn about the call they serve, set by the overriding method around it.
+
+    A context variable is per thread and per re-entrant call, so concurrent or nested calls never see each other's
+    site. Under CUDA-graph capture this is plain Python that runs once; the tensors a site hands on must then be
+    persistent graph buffers.
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._active: contextvars.ContextVar[Optional[SiteT]] = contextvars.ContextVar(
+            f"sglang_detspec_{kind.replace(' ', '_')}_site", default=None
+        )
+
+    @contextlib.contextmanager
+    def entered(self, site: SiteT) -> Iterator[SiteT]:
+        token = self._active.set(site)
+        try:
+            yield site
+        finally:
+            self._active.reset(token)
+
+    def require(self, stand_in: str) -> SiteT:
+        """The active site; outside one, the rebound bodies have a caller that sglang-detspec does not know."""
+        site = self._active.get()
+        if site is None:
+            # Only the rebound DETSPEC bodies reach the stand-ins, and they always enter a site: reaching here means
+            # upstream grew a new caller that no site maps to a key.
+            raise RuntimeError(
+                f"DETSPEC {stand_in} was called outside a known {self.kind} site; the installed SGLang reaches it "
+                "from a caller sglang-detspec does not key yet (sglang-detspec needs updating for this SGLang version)"
+            )
+        return site

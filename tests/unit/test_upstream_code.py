@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from sglang_detspec.integration.upstream_code import imported_names, rebind
+from sglang_detspec.integration.upstream_code import ReboundMethods, Site, imported_names, rebind
 
 
 def _module(source: str) -> types.ModuleType:
@@ -75,3 +75,54 @@ def test_required_name_missing_raises():
 def test_replacements_for_names_the_body_does_not_read_change_nothing():
     clone = rebind(UPSTREAM.body, {"not_there": _tag("x")})
     assert clone(3)[0] == "3"
+
+
+# ---------------------------------------------------------------------------
+# ReboundMethods: the declared (owner, method) -> names table; Site: what stand-ins learn about their call
+# ---------------------------------------------------------------------------
+
+OWNER = _module(
+    """
+    def helper(x):
+        return ("upstream", x)
+
+    class Worker:
+        def step(self, x):
+            return helper(x)
+
+        def other(self, x):
+            return x
+    """
+)
+
+
+def test_rebound_methods_run_the_declared_stand_in_and_cache_the_body():
+    table = ReboundMethods({(OWNER.Worker, "step"): ("helper",)}, stand_ins=lambda: {"helper": lambda x: ("detspec", x)})
+    body = table(OWNER.Worker, "step")
+    assert body(OWNER.Worker(), 1) == ("detspec", 1)
+    assert body.__code__ is OWNER.Worker.step.__code__  # upstream's code object, not a copy
+    assert table(OWNER.Worker, "step") is body
+    assert OWNER.Worker().step(1) == ("upstream", 1)  # the class and its module are untouched
+    table.cache_clear()
+    assert table(OWNER.Worker, "step") is not body
+
+
+def test_rebound_methods_refuse_a_body_that_no_longer_reads_a_declared_name():
+    table = ReboundMethods(
+        {(OWNER.Worker, "step"): ("helper",), (OWNER.Worker, "other"): ("helper",)},
+        stand_ins=lambda: {"helper": lambda x: x},
+    )
+    with pytest.raises(RuntimeError, match=r"Worker.other no longer reads \['helper'\]"):
+        table.build_all()
+
+
+def test_site_is_visible_only_inside_and_restores_the_outer_one():
+    site = Site("example")
+    with pytest.raises(RuntimeError, match="stand_in was called outside a known example site"):
+        site.require("stand_in")
+    with site.entered("outer"):
+        with site.entered("inner"):
+            assert site.require("stand_in") == "inner"
+        assert site.require("stand_in") == "outer"
+    with pytest.raises(RuntimeError, match="outside a known example site"):
+        site.require("stand_in")
