@@ -28,16 +28,16 @@ is never mutated, so builtin EAGLE is unaffected.
 
 The DETSPEC ``fast_sample`` / ``sample_draft_proposal`` stand-ins learn *which*
 site is calling (and, on 0.5.17, whose call sites pass no seed / position /
-step, the key) from a :class:`contextvars.ContextVar` that the overriding
-method sets around the upstream body. A context variable is per thread and per
-re-entrant call, so concurrent or nested use cannot see another call's site.
-Under CUDA-graph capture all of this is plain Python that runs once; the
-tensors the stand-ins read (seed, position and top-k buffers) are the runner's
-persistent buffers, so a replay reads the refreshed values.
+step, the key) from the draft :class:`~.upstream_code.Site` that the overriding
+method enters around the upstream body. Under CUDA-graph capture all of this is
+plain Python that runs once; the tensors the stand-ins read (seed, position and
+top-k rows) are the runner's persistent buffers, so a replay reads the
+refreshed values.
 
-The private globals are snapshotted when the worker is built (after every plugin
-and ``HookRegistry`` patch of the scheduler process has been applied), and
-only ever shadow the few names above.
+The rebound methods and the names each must read are declared in one table
+(``_upstream``); the private globals are snapshotted when the worker is built
+(after every plugin and ``HookRegistry`` patch of the scheduler process has
+been applied), and only ever shadow the names of that table.
 
 What is overridden (same on 0.5.17 and 0.5.23 unless stated)
 ------------------------------------------------------------
@@ -47,13 +47,16 @@ What is overridden (same on 0.5.17 and 0.5.23 unless stated)
   ``_draft_extend_for_decode``: upstream bodies inside a site context,
   ``fast_sample`` / ``sample_draft_proposal`` -> DETSPEC stand-ins. 0.5.23
   passes seed / position / step itself (used as given); 0.5.17 passes none
-  (taken from the site). ``draft_forward`` also points a 0.5.17 capture's
-  ``SamplingBatchInfo`` at the runner's seed / top-k buffers.
+  (taken from the site). A missing seed always raises (never the global RNG).
 * ``EagleDraftWorker._capture_cuda_graphs``: upstream body,
   ``EAGLEDraftCudaGraphRunner`` -> :class:`DetspecEAGLEDraftCudaGraphRunner`.
-* ``EAGLEDraftCudaGraphRunner.capture_one_shape`` / ``execute``: allocate,
-  capture and refresh seed / top-k buffers; a no-op on 0.5.23, whose runner
-  already owns them.
+* ``EAGLEDraftCudaGraphRunner.capture_one_shape`` / ``execute``: on releases
+  whose runner has no seed buffer (0.5.17 - 0.5.22), the runner owns
+  :class:`~.draft_keys.GraphKeyBuffers`; ``capture_one_shape`` runs upstream's
+  body with ``SamplingBatchInfo`` -> a builder that points the captured batch's
+  seed / top-k at views of them (as 0.5.23's runner does in-tree), and
+  ``execute`` stages the live rows in (``refresh_detspec_keys``). Upstream
+  unchanged on 0.5.23, whose runner already owns both.
 * ``EAGLEWorkerV2.verify``: upstream body with the row-local target truncation
   of :mod:`sglang_detspec.integration.verify`. Its coins need no change: under
   deterministic inference every batch carries ``sampling_seed``, and every
@@ -75,14 +78,12 @@ batches keep their acceptance rate; their committed tokens are unchanged
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
-import functools
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.speculative import spec_utils as _spec_utils
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
     EAGLEDraftCudaGraphRunner,
@@ -91,7 +92,8 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWork
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
-from sglang_detspec.integration.upstream_code import rebind
+from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.verify import rebound_verify
 from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
@@ -100,7 +102,6 @@ __all__ = [
     "DetspecEagleDraftWorker",
     "DetspecEAGLEDraftCudaGraphRunner",
     "DraftSite",
-    "current_draft_site",
 ]
 
 # Version differences live in compat.py (see its "Single-layer draft sampling" section).
@@ -149,51 +150,16 @@ class DraftSite:
         return self.calls if self.kind == DRAFT_DECODE else 0
 
 
-_ACTIVE_SITE: contextvars.ContextVar[Optional[DraftSite]] = contextvars.ContextVar(
-    "detspec_active_draft_site", default=None
-)
+_DRAFT_SITE: Site[DraftSite] = Site("draft")
+# The key rows one captured batch size reads, while upstream's capture_one_shape builds that batch.
+_GRAPH_CAPTURE_SITE: Site[GraphKeyBuffers] = Site("draft graph capture")
 
 
-def current_draft_site() -> Optional[DraftSite]:
-    return _ACTIVE_SITE.get()
-
-
-@contextlib.contextmanager
-def _draft_site(site: DraftSite):
-    token = _ACTIVE_SITE.set(site)
-    try:
-        yield site
-    finally:
-        _ACTIVE_SITE.reset(token)
-
-
-def _require_site(name: str) -> DraftSite:
-    site = _ACTIVE_SITE.get()
-    if site is None:
-        # The stand-ins are only reachable from the rebound DETSPEC method
-        # bodies, which always set a site; reaching here means upstream grew a
-        # new caller we have not mapped to a key.
-        raise RuntimeError(
-            f"DETSPEC {name} was called outside a known draft site; the installed "
-            "SGLang has a draft sampling call sglang-detspec does not key yet"
-        )
-    return site
-
-
-def _seed_or_fallback(site: DraftSite, explicit: Optional[torch.Tensor]):
-    seed = explicit if explicit is not None else getattr(
-        site.sampling_info, "sampling_seed", None
-    )
-    if seed is None and _deterministic_inference_enabled():
-        # Never fall back to the global RNG under deterministic mode: that is
-        # exactly the batch-shape dependence DETSPEC exists to remove.
-        raise RuntimeError(
-            f"DETSPEC {site.kind}: no per-request sampling_seed reached the draft "
-            "proposal under --enable-deterministic-inference (a draft CUDA-graph "
-            "runner without DETSPEC seed buffers, e.g. one built by adaptive "
-            "speculative decoding?)"
-        )
-    return seed
+def _site_seed(site: DraftSite, explicit: Optional[torch.Tensor]) -> torch.Tensor:
+    """The seed 0.5.23 passes, else the site batch's own (0.5.17 passes none); raises when neither exists."""
+    if explicit is not None:
+        return explicit
+    return require_seed(getattr(site.sampling_info, "sampling_seed", None), site.kind)
 
 
 # ---------------------------------------------------------------------------
@@ -218,10 +184,13 @@ def _detspec_fast_sample(
     if probs.shape[0] == 0:
         # Idle / empty batches (DP attention) may carry no seed; nothing is drawn.
         return _spec_utils.fast_sample(probs, num_samples)
-    site = _require_site("fast_sample")
-    seed = _seed_or_fallback(site, sampling_seed)
-    if seed is None or num_samples != 1:
-        return _spec_utils.fast_sample(probs, num_samples)
+    site = _DRAFT_SITE.require("fast_sample")
+    seed = _site_seed(site, sampling_seed)
+    if num_samples != 1:
+        raise RuntimeError(
+            f"DETSPEC {site.kind}: SGLang asked fast_sample for {num_samples} drafts per row; DETSPEC proposes one "
+            "seeded draft per row (--speculative-eagle-topk 1). sglang-detspec needs updating for this SGLang version"
+        )
     step = site.next_draft_step() if draft_step is None else int(draft_step)
     pos = positions if positions is not None else site.positions()
     return _proposal.seeded_draft_proposal(
@@ -243,20 +212,15 @@ def _detspec_sample_draft_proposal(
     Returns ``(q, q(X), X)`` where q is the tensor X was drawn from: the verify
     step's accept test ``coin * q(X) < p(X)`` is only unbiased for that q.
     """
-    site = _require_site("sample_draft_proposal")
-    # Idle / empty batches (DP attention) may carry no seed; nothing is drawn.
-    seed = (
-        _seed_or_fallback(site, sampling_seed)
-        if next_token_logits.shape[0] > 0
-        else None
-    )
-    if seed is None:
-        # Not deterministic mode: behave exactly like the upstream worker
+    site = _DRAFT_SITE.require("sample_draft_proposal")
+    if next_token_logits.shape[0] == 0:
+        # Idle / empty batches (DP attention) may carry no seed; nothing is drawn, so upstream's call is exact
         # (0.5.17's sample_draft_proposal takes no top_ks; its callers pass none).
         extra = (top_ks,) if top_ks is not None else ()
         return _spec_utils.sample_draft_proposal(
             next_token_logits, temperatures, *extra
         )
+    seed = _site_seed(site, sampling_seed)
     # Count every call (0.5.17 passes no step), but trust an explicit step.
     counted = site.next_draft_step()
     step = counted if draft_step is None else int(draft_step)
@@ -275,53 +239,44 @@ def _detspec_sample_draft_proposal(
 # ---------------------------------------------------------------------------
 
 
+def _captured_sampling_info(*args, **kwargs):
+    """Stand-in for ``SamplingBatchInfo`` in a seedless release's ``capture_one_shape`` (0.5.17 - 0.5.22).
+
+    That body builds the captured batch's ``SamplingBatchInfo`` inline, without a seed and with a throwaway top_ks
+    (0.5.17's all ``-1`` would read as "every row greedy"). Point both at the runner's persistent key rows for this
+    shape, so the graph reads the rows ``refresh_detspec_keys`` stages before each replay.
+    """
+    keys = _GRAPH_CAPTURE_SITE.require("SamplingBatchInfo")
+    info = SamplingBatchInfo(*args, **kwargs)
+    info.sampling_seed = keys.sampling_seed
+    info.top_ks = keys.top_ks
+    return info
+
+
 # Which upstream names each rebound method must read (the same in 0.5.17 - 0.5.23); a method that stops reading
 # one fails loudly when the worker is built, instead of silently keeping upstream's unseeded sampler.
-_REBOUND_NAMES = {
-    (EagleDraftWorker, "draft_forward"): ("sample_draft_proposal",),
-    (EagleDraftWorker, "_draft_extend_for_prefill"): ("fast_sample",),
-    (EagleDraftWorker, "_draft_extend_for_decode"): ("sample_draft_proposal",),
-    (EagleDraftWorker, "_capture_cuda_graphs"): ("EAGLEDraftCudaGraphRunner",),
-    (EAGLEWorkerV2, "__init__"): ("EagleDraftWorker",),
-}
-
-
-def _replacements() -> Dict[str, Any]:
-    return {
+_upstream = ReboundMethods(
+    {
+        (EagleDraftWorker, "draft_forward"): ("sample_draft_proposal",),
+        (EagleDraftWorker, "_draft_extend_for_prefill"): ("fast_sample",),
+        (EagleDraftWorker, "_draft_extend_for_decode"): ("sample_draft_proposal",),
+        (EagleDraftWorker, "_capture_cuda_graphs"): ("EAGLEDraftCudaGraphRunner",),
+        (EAGLEDraftCudaGraphRunner, "capture_one_shape"): ("SamplingBatchInfo",),
+        (EAGLEWorkerV2, "__init__"): ("EagleDraftWorker",),
+    },
+    stand_ins=lambda: {
         "fast_sample": _detspec_fast_sample,
         "sample_draft_proposal": _detspec_sample_draft_proposal,
+        "SamplingBatchInfo": _captured_sampling_info,
         "EagleDraftWorker": DetspecEagleDraftWorker,
         "EAGLEDraftCudaGraphRunner": DetspecEAGLEDraftCudaGraphRunner,
-    }
-
-
-@functools.lru_cache(maxsize=None)
-def _upstream(owner: type, name: str) -> Callable:
-    """Upstream ``owner.name`` running with the DETSPEC stand-in names.
-
-    Built at worker construction (in the scheduler process, after all plugin patches are applied) and cached
-    per (class, method).
-    """
-    wanted = _REBOUND_NAMES[(owner, name)]
-    replacements = _replacements()
-    return rebind(
-        vars(owner)[name],
-        {n: (lambda _original, value=replacements[n]: value) for n in wanted},
-        required=wanted,
-    )
+    },
+)
 
 
 # ---------------------------------------------------------------------------
 # Draft worker
 # ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _GraphSamplingBuffers:
-    """Persistent per-row graph inputs a 0.5.17 capture needs (slices of max_bs)."""
-
-    sampling_seed: torch.Tensor
-    top_ks: torch.Tensor
 
 
 class DetspecEagleDraftWorker(EagleDraftWorker):
@@ -331,19 +286,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
     in the site context that supplies the key.
     """
 
-    # Set by DetspecEAGLEDraftCudaGraphRunner while it captures one shape on an
-    # SGLang whose runner has no seed / top-k buffers (0.5.17).
-    _detspec_graph_sampling: Optional[_GraphSamplingBuffers] = None
-
     def draft_forward(self, forward_batch):
-        graph_sampling = self._detspec_graph_sampling
-        if graph_sampling is not None and forward_batch.sampling_info is not None:
-            # The captured SamplingBatchInfo is built inline by 0.5.17's
-            # capture_one_shape without a seed and with a throwaway all-(-1)
-            # top_ks (which would read as "every row greedy"). Point it at the
-            # runner's persistent buffers so the graph reads refreshed rows.
-            forward_batch.sampling_info.sampling_seed = graph_sampling.sampling_seed
-            forward_batch.sampling_info.top_ks = graph_sampling.top_ks
         site = DraftSite(
             DRAFT_DECODE,
             forward_batch.sampling_info,
@@ -351,7 +294,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             # each step, and 0.5.23 keys step i at (positions + 1).
             positions=lambda: forward_batch.positions + 1,
         )
-        with _draft_site(site):
+        with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "draft_forward")(self, forward_batch)
 
     def _draft_extend_for_prefill(self, batch, *args, **kwargs):
@@ -360,7 +303,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             batch.sampling_info,
             positions=lambda: batch.seq_lens,
         )
-        with _draft_site(site):
+        with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "_draft_extend_for_prefill")(
                 self, batch, *args, **kwargs
             )
@@ -371,7 +314,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             batch.sampling_info,
             positions=lambda: batch_result.new_seq_lens,
         )
-        with _draft_site(site):
+        with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "_draft_extend_for_decode")(
                 self, batch, batch_result, *args, **kwargs
             )
@@ -387,19 +330,18 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
 
 
 class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
-    """Draft-decode graph runner with persistent seed / top-k rows on 0.5.17.
+    """Draft-decode graph runner with persistent seed / top-k rows where upstream has no seed buffer.
 
     When deterministic inference and rejection sampling are on and the
     upstream runner does not already own them (0.5.23 does), it allocates
-    ``sampling_seed [max_bs] int64`` and ``top_ks [max_bs] int32``, has every
-    captured shape read slices of them, and copies the live batch's rows in
-    before each replay. Padded rows keep whatever they last held; the proposal
-    is row-independent, so they cannot change a real row's result, and their
-    outputs are cut off by ``_postprocess_output_to_raw_bs``.
+    :class:`~.draft_keys.GraphKeyBuffers` of ``max_bs`` rows, every captured
+    shape's ``SamplingBatchInfo`` reads views of them, and ``execute`` stages the
+    live batch's rows in before each replay. Padded rows keep whatever they last
+    held; the proposal is row-independent, so they cannot change a real row's
+    result, and their outputs are cut off by ``_postprocess_output_to_raw_bs``.
     """
 
-    _detspec_seed_buf: Optional[torch.Tensor] = None
-    _detspec_top_ks_buf: Optional[torch.Tensor] = None
+    detspec_keys: Optional[GraphKeyBuffers] = None
 
     def _detspec_needs_own_buffers(self) -> bool:
         return (
@@ -408,49 +350,24 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
             and _rejection_sampling_enabled()
         )
 
-    def _detspec_ensure_buffers(self) -> None:
+    def capture_one_shape(self, size, forward, *args, **kwargs):
         # Allocated at the first captured shape: capture runs inside the base
         # __init__, after max_bs and the device are known.
-        if self._detspec_seed_buf is None and self._detspec_needs_own_buffers():
-            device = self.model_runner.device
-            self._detspec_seed_buf = torch.zeros(
-                (self.max_bs,), dtype=torch.int64, device=device
-            )
-            # TOP_K_ALL, not -1: -1 would read as top_k <= 1 (greedy) for rows
-            # that never had a real value copied in.
-            self._detspec_top_ks_buf = torch.full(
-                (self.max_bs,), _compat.top_k_all(), dtype=torch.int32, device=device
-            )
-
-    def capture_one_shape(self, size, forward, *args, **kwargs):
-        self._detspec_ensure_buffers()
-        worker = self.eagle_worker
-        previous = getattr(worker, "_detspec_graph_sampling", None)
-        if self._detspec_seed_buf is not None:
-            worker._detspec_graph_sampling = _GraphSamplingBuffers(
-                sampling_seed=self._detspec_seed_buf[:size],
-                top_ks=self._detspec_top_ks_buf[:size],
-            )
-        try:
+        if self.detspec_keys is None and self._detspec_needs_own_buffers():
+            self.detspec_keys = GraphKeyBuffers.allocate(self.max_bs, self.model_runner.device)
+        if self.detspec_keys is None:
             return super().capture_one_shape(size, forward, *args, **kwargs)
-        finally:
-            worker._detspec_graph_sampling = previous
+        with _GRAPH_CAPTURE_SITE.entered(self.detspec_keys.rows(size)):
+            return _upstream(EAGLEDraftCudaGraphRunner, "capture_one_shape")(self, size, forward, *args, **kwargs)
 
     def execute(self, forward_batch, *args, **kwargs):
-        if self._detspec_seed_buf is not None:
-            self._detspec_refresh_sampling_rows(forward_batch)
+        if self.detspec_keys is not None:
+            self.refresh_detspec_keys(forward_batch.sampling_info, forward_batch.batch_size)
         return super().execute(forward_batch, *args, **kwargs)
 
-    def _detspec_refresh_sampling_rows(self, forward_batch) -> None:
-        sampling_info = forward_batch.sampling_info
-        raw_bs = forward_batch.batch_size
-        if sampling_info is None or sampling_info.sampling_seed is None:
-            raise RuntimeError(
-                "DETSPEC draft graph captured with per-request seeds but the "
-                "batch carries none (is --enable-deterministic-inference on?)"
-            )
-        self._detspec_seed_buf[:raw_bs].copy_(sampling_info.sampling_seed[:raw_bs])
-        self._detspec_top_ks_buf[:raw_bs].copy_(sampling_info.top_ks[:raw_bs])
+    def refresh_detspec_keys(self, sampling_info, raw_bs: int) -> None:
+        """Stage this replay's seeds and top-k into the rows the captured graphs read."""
+        self.detspec_keys.stage(sampling_info, raw_bs, "draft-decode graph replay")
 
 
 # ---------------------------------------------------------------------------
@@ -475,7 +392,7 @@ class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
             self,
             draft_worker_cls=DetspecEagleDraftWorker,
             upstream_owner=EAGLEWorkerV2,
-            build_rebound=[functools.partial(_upstream, owner, name) for owner, name in _REBOUND_NAMES],
+            build_rebound=[_upstream.build_all],
         )
 
     def verify(self, *args, **kwargs):

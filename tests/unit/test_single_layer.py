@@ -241,14 +241,23 @@ def test_draft_forward_keys_every_step_and_hands_q_to_verify(recorder):
         torch.testing.assert_close(call["probs"], expect_q, rtol=1e-5, atol=1e-6)
 
 
-def test_draft_forward_without_seed_under_deterministic_mode_refuses(recorder):
-    with published():
+# A DETSPEC site never falls back to upstream's global-RNG sampler, even where the mode says seeds are optional.
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_draft_forward_without_seed_refuses_in_any_mode(recorder, deterministic):
+    with published(enable_deterministic_inference=deterministic):
         w = make_worker(4)
         si = sampling_info(SEEDS, TOP_KS)
         si.sampling_seed = None
         fb = decode_forward_batch(si, SEQ_LENS, first_tokens=[3, 4, 5])
         with pytest.raises(RuntimeError, match="sampling_seed"):
             w.draft_forward(fb)
+    assert recorder.calls == []
+
+
+def test_fast_sample_refuses_more_than_one_draft_per_row(recorder):
+    site = sl.DraftSite(sl.PREFILL_EXTEND, SimpleNamespace(sampling_seed=torch.tensor([1]), top_ks=None), lambda: None)
+    with published(), sl._DRAFT_SITE.entered(site), pytest.raises(RuntimeError, match="2 drafts per row"):
+        sl._detspec_fast_sample(torch.full((1, V), 1.0 / V), 2)
     assert recorder.calls == []
 
 
@@ -591,7 +600,7 @@ def test_draft_graph_replay_reads_refreshed_seeds(spy):
 def test_empty_batch_draws_nothing_and_needs_no_seed(recorder):
     """Idle DP-attention batches reach the sites with zero rows and maybe no seed."""
     site = sl.DraftSite(sl.DECODE_EXTEND, SimpleNamespace(sampling_seed=None, top_ks=None), lambda: None)
-    with published(), sl._draft_site(site):
+    with published(), sl._DRAFT_SITE.entered(site):
         probs, p, idx = sl._detspec_sample_draft_proposal(torch.zeros(0, V), torch.ones(0, 1))
         p2, idx2 = sl._detspec_fast_sample(torch.zeros(0, V), 1)
     assert probs.shape == (0, V) and idx.shape == (0, 1) and idx2.shape == (0, 1)
