@@ -45,8 +45,10 @@ in which only a few names point at DETSPEC versions:
   :class:`DetspecMultiLayerEagleDraftWorker`.
 
 The upstream modules are never mutated, so a builtin EAGLE worker in the same
-process keeps upstream behaviour.  The private globals are snapshotted lazily
-at first use (in the scheduler process, after every plugin patch is applied).
+process keeps upstream behaviour.  The rebound methods and their names are
+declared in one table (``_upstream``, an :class:`~.upstream_code.ReboundMethods`),
+built when the worker is constructed (in the scheduler process, after every
+plugin patch is applied).
 
 q numerics (BRIEF §5 item 13).  Upstream's single-CG runner computes
 q = softmax(logits / T) with ``wide_row_softmax_triton`` (block-parallel
@@ -64,9 +66,7 @@ keeps upstream's sampling softmax and stays bit-identical to 0.5.23 there.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
-import functools
 from typing import Callable, Optional
 
 import torch
@@ -83,7 +83,8 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
-from sglang_detspec.integration.upstream_code import code_names, rebind_globals
+from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.verify import rebound_verify
 from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
@@ -100,12 +101,6 @@ __all__ = [
 # runner class in _capture_cuda_graphs (identical in 0.5.17 and 0.5.23).
 _SINGLE_CG_RUNNER_NAME = "OneGraphMultiLayerEagleMultiStepDraftExtendCudaGraphRunner"
 
-_MISSING_SEED_MESSAGE = (
-    "DETSPEC multi-layer EAGLE drew a draft proposal without per-request "
-    "sampling seeds (sampling_info.sampling_seed is None). Seeds exist only "
-    "under --enable-deterministic-inference; launch with it, or use the "
-    "builtin EAGLE algorithm."
-)
 
 
 # --------------------------------------------------------------------------
@@ -183,9 +178,7 @@ class _SiteKeys:
     calls: int = 0
 
 
-_ACTIVE_SITE: contextvars.ContextVar[Optional[_SiteKeys]] = contextvars.ContextVar(
-    "sglang_detspec_multi_layer_site", default=None
-)
+_DRAFT_SITE: Site[_SiteKeys] = Site("draft")
 
 
 def _seeded_sample_draft_proposal(
@@ -212,12 +205,9 @@ def _seeded_sample_draft_proposal(
         # Idle round (DP attention rank without requests): nothing to key.
         empty = probs.new_empty((0, 1))
         return probs, empty, empty.to(torch.int64)
-    if keys.sampling_seed is None:
-        # Never fall back to the global RNG: that is the batch-shape
-        # dependence DETSPEC exists to remove.
-        raise RuntimeError(_MISSING_SEED_MESSAGE)
+    seed = require_seed(keys.sampling_seed, f"multi-layer {keys.site}")
     topk_p, topk_index = _proposal.seeded_draft_proposal(
-        probs, keys.sampling_seed, keys.positions, step, top_ks=keys.top_ks
+        probs, seed, keys.positions, step, top_ks=keys.top_ks
     )
     # The verify's accept test coin*q(X) < p(X) needs X drawn from exactly the
     # q it receives: hand back the probs tensor that was sampled.
@@ -231,25 +221,14 @@ def _detspec_sample_draft_proposal(next_token_logits, temperatures, *args, **kwa
     ``(logits, temperatures, top_ks=None, *, sampling_seed, positions,
     draft_step)``.  Returns ``(q, q(X), X)``.
     """
-    keys = _ACTIVE_SITE.get()
-    if keys is None:
-        # Only the rebound DETSPEC bodies can reach this, and they always set a
-        # site: reaching here means upstream grew a caller we do not key.
-        raise RuntimeError(
-            "DETSPEC multi-layer sample_draft_proposal was called outside a known "
-            "draft site; the installed SGLang has a draft sampling call "
-            "sglang-detspec does not key yet"
-        )
+    keys = _DRAFT_SITE.require("multi-layer sample_draft_proposal")
     return _seeded_sample_draft_proposal(keys, next_token_logits, temperatures, kwargs)
 
 
 @contextlib.contextmanager
 def _active_site(keys: _SiteKeys):
-    token = _ACTIVE_SITE.set(keys)
-    try:
+    with _DRAFT_SITE.entered(keys):
         yield keys
-    finally:
-        _ACTIVE_SITE.reset(token)
     # Zero calls: non-RS path or the single-CG runner sampled in-graph.
     if keys.calls not in (0, keys.num_steps):
         raise RuntimeError(
@@ -275,46 +254,26 @@ def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
 # --------------------------------------------------------------------------
 
 
-# Which upstream names each rebound method must see as DETSPEC versions.  A
-# method that stops reading its name fails loudly in _upstream().
-_REBOUND_NAMES = {
-    "_draft_extend_for_prefill": ("sample_draft_proposal",),
-    "_draft_extend_for_decode": ("sample_draft_proposal",),
-    "_capture_cuda_graphs": (_SINGLE_CG_RUNNER_NAME,),
-    "__init__": ("MultiLayerEagleDraftWorker",),
-}
-
-
-@functools.lru_cache(maxsize=None)
-def _upstream(owner: type, name: str) -> Callable:
-    """Upstream ``owner.name`` running with the DETSPEC names (cached)."""
-    func = vars(owner)[name]
-    wanted = _REBOUND_NAMES[name]
-    unread = [n for n in wanted if n not in code_names(func.__code__)]
-    if unread:
-        raise RuntimeError(
-            f"{owner.__name__}.{name} no longer refers to {unread}; "
-            "sglang-detspec needs updating for this SGLang version"
-        )
-    replacements = {
+# Which upstream names each rebound method must read (the same in 0.5.17 - 0.5.23); a method that stops reading
+# one fails loudly when the worker is built.
+_upstream = ReboundMethods(
+    {
+        (MultiLayerEagleDraftWorker, "_draft_extend_for_prefill"): ("sample_draft_proposal",),
+        (MultiLayerEagleDraftWorker, "_draft_extend_for_decode"): ("sample_draft_proposal",),
+        (MultiLayerEagleDraftWorker, "_capture_cuda_graphs"): (_SINGLE_CG_RUNNER_NAME,),
+        (MultiLayerEagleWorkerV2, "__init__"): ("MultiLayerEagleDraftWorker",),
+    },
+    stand_ins=lambda: {
         "sample_draft_proposal": _detspec_sample_draft_proposal,
         _SINGLE_CG_RUNNER_NAME: DetspecOneGraphDraftExtendRunner,
         "MultiLayerEagleDraftWorker": DetspecMultiLayerEagleDraftWorker,
-    }
-    return rebind_globals(func, {n: replacements[n] for n in wanted})
+    },
+)
 
 
 # --------------------------------------------------------------------------
 # Single-CG runner (row 7)
 # --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _GraphKeyBuffers:
-    """Persistent per-request key inputs the captured sampler reads."""
-
-    sampling_seed: torch.Tensor  # [max_bs] int64
-    top_ks: torch.Tensor  # [max_bs] int32
 
 
 class DetspecSingleCGStepRunner(MultiLayerEagleDraftExtendCudaGraphRunner):
@@ -324,7 +283,7 @@ class DetspecSingleCGStepRunner(MultiLayerEagleDraftExtendCudaGraphRunner):
     values ``DetspecOneGraphDraftExtendRunner.prepare`` staged.
     """
 
-    detspec_keys: Optional[_GraphKeyBuffers] = None
+    detspec_keys: Optional[GraphKeyBuffers] = None
 
     def _sample_draft_proposal(self, ret, bs: int):
         buffers = self.buffers
@@ -357,20 +316,15 @@ class DetspecOneGraphDraftExtendRunner(
 ):
     """Single-CG draft-extend runner with seeded in-graph proposals."""
 
-    detspec_keys: Optional[_GraphKeyBuffers] = None
+    detspec_keys: Optional[GraphKeyBuffers] = None
 
     def _create_runner(self, step: int):
         return DetspecSingleCGStepRunner(self.eagle_worker, step)
 
     def _allocate_buffers(self):
         buffers = super()._allocate_buffers()
-        # Allocated before capture (capture runs inside __init__), outside the
-        # upstream buffer dataclass so buffer-pool sharing never aliases them.
-        with torch.device(self.device):
-            self.detspec_keys = _GraphKeyBuffers(
-                sampling_seed=torch.zeros((self.max_bs,), dtype=torch.int64),
-                top_ks=torch.ones((self.max_bs,), dtype=torch.int32),
-            )
+        # Allocated before capture (capture runs inside __init__).
+        self.detspec_keys = GraphKeyBuffers.allocate(self.max_bs, self.device)
         for runner in self.runners:
             if runner is not None:
                 runner.detspec_keys = self.detspec_keys
@@ -380,23 +334,16 @@ class DetspecOneGraphDraftExtendRunner(
         in_graph_proposal = self.buffers.draft_probs is not None
         sampling_info = forward_batch.sampling_info
         if in_graph_proposal and forward_batch.batch_size > 0:
-            if sampling_info is None or sampling_info.sampling_seed is None:
-                raise RuntimeError(_MISSING_SEED_MESSAGE)
+            # Refused before upstream stages the round.
+            require_seed(getattr(sampling_info, "sampling_seed", None), "multi-layer single-CG draft-extend")
         super().prepare(forward_batch, *args, **kwargs)
         if in_graph_proposal:
             self.refresh_detspec_keys(sampling_info)
 
     def refresh_detspec_keys(self, sampling_info) -> None:
         """Stage this round's seeds and top-k into the graph's key buffers."""
-        raw_bs, bs = self.raw_bs, self.bs
-        keys = self.detspec_keys
-        if raw_bs > 0:
-            keys.sampling_seed[:raw_bs].copy_(sampling_info.sampling_seed[:raw_bs])
-            keys.top_ks[:raw_bs].copy_(sampling_info.top_ks[:raw_bs])
-        # Padded rows: fixed filler (seed 0, greedy) so a replay never depends
-        # on a previous round's requests, even in discarded rows.
-        keys.sampling_seed[raw_bs:bs].zero_()
-        keys.top_ks[raw_bs:bs].fill_(1)
+        self.detspec_keys.stage(sampling_info, self.raw_bs, "multi-layer single-CG draft-extend")
+        self.detspec_keys.fill_padding(self.raw_bs, self.bs)
 
 
 # --------------------------------------------------------------------------
@@ -461,10 +408,7 @@ class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
             self,
             draft_worker_cls=DetspecMultiLayerEagleDraftWorker,
             upstream_owner=MultiLayerEagleWorkerV2,
-            build_rebound=[
-                functools.partial(_upstream, MultiLayerEagleDraftWorker, name)
-                for name in ("_draft_extend_for_prefill", "_draft_extend_for_decode", "_capture_cuda_graphs")
-            ],
+            build_rebound=[_upstream.build_all],
         )
 
     def verify(self, *args, **kwargs):

@@ -30,7 +30,7 @@ import functools
 import types
 from typing import Any, Callable, Dict, Generic, Iterable, Iterator, Mapping, Optional, Tuple, TypeVar
 
-__all__ = ["ReboundMethods", "Site", "code_names", "imported_names", "reachable_names", "rebind", "rebind_globals"]
+__all__ = ["ReboundMethods", "Site", "code_names", "imported_names", "reachable_names", "rebind"]
 
 #: A replacement is built from the original object the name would have resolved to, so a stand-in can wrap it
 #: (e.g. run a truncation, then the upstream kernel).
@@ -117,19 +117,6 @@ def rebind(func: Callable, replacements: Mapping[str, Replacement], *, required:
     clone.__kwdefaults__ = dict(func.__kwdefaults__ or {}) or None
     functools.update_wrapper(clone, func)
     return clone
-
-
-def rebind_globals(func: Callable, overrides: Dict[str, Any]) -> Callable:
-    """``func`` with the module globals in ``overrides`` replaced by fixed objects (each one must be a global of
-    ``func``'s module)."""
-    missing = [name for name in overrides if name not in func.__globals__]
-    if missing:
-        # A renamed global would silently keep calling the upstream sampler.
-        raise RuntimeError(
-            f"{func.__qualname__} no longer reads {missing} from its module; "
-            "sglang-detspec needs updating for this SGLang version"
-        )
-    return rebind(func, {name: (lambda _original, value=value: value) for name, value in overrides.items()})
 
 
 class ReboundMethods:
