@@ -36,8 +36,6 @@ raises instead of committing tokens from an unknown path.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import re
@@ -46,7 +44,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from sglang_detspec.integration.truncation import truncate_probs
-from sglang_detspec.integration.upstream_code import code_names, imported_names, rebind
+from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
 
 __all__ = [
     "CHAIN_KERNEL_NAME",
@@ -82,28 +80,7 @@ class VerifySite:
     chain_calls: int = 0
 
 
-_ACTIVE_VERIFY: contextvars.ContextVar[Optional[VerifySite]] = contextvars.ContextVar(
-    "detspec_active_verify_site", default=None
-)
-
-
-@contextlib.contextmanager
-def _verify_site(site: VerifySite):
-    token = _ACTIVE_VERIFY.set(site)
-    try:
-        yield site
-    finally:
-        _ACTIVE_VERIFY.reset(token)
-
-
-def _require_verify_site(name: str) -> VerifySite:
-    site = _ACTIVE_VERIFY.get()
-    if site is None:
-        raise RuntimeError(
-            f"DETSPEC {name} was called outside a DETSPEC verify step; the installed SGLang reaches it from a "
-            "caller sglang-detspec does not know"
-        )
-    return site
+_VERIFY_SITE: Site[VerifySite] = Site("verify")
 
 
 # ---------------------------------------------------------------------------
@@ -114,7 +91,7 @@ def _require_verify_site(name: str) -> VerifySite:
 def _deferred_renorm(_original: Callable) -> Callable:
     def deferred_renorm(probs: torch.Tensor, *_args, **_kwargs) -> torch.Tensor:
         # The row-local truncation runs once, with top-k, top-p and min-p together, right before the chain kernel.
-        _require_verify_site("target renorm")
+        _VERIFY_SITE.require("target renorm")
         return probs
 
     return deferred_renorm
@@ -122,7 +99,7 @@ def _deferred_renorm(_original: Callable) -> Callable:
 
 def _truncate_then_chain(original: Callable) -> Callable:
     def chain_with_row_local_truncation(*args, **kwargs):
-        site = _require_verify_site(CHAIN_KERNEL_NAME)
+        site = _VERIFY_SITE.require(CHAIN_KERNEL_NAME)
         target_probs = kwargs.get("target_probs")
         if target_probs is None:
             raise RuntimeError(
@@ -189,13 +166,9 @@ _EAGLE_SAMPLE_REPLACEMENTS = {
 # ---------------------------------------------------------------------------
 
 
-def _reachable_names(func: Callable) -> set:
-    return (code_names(func.__code__) & set(func.__globals__)) | imported_names(func.__code__)
-
-
 def check_verify_rebinding(eagle_sample: Callable) -> None:
     """Refuse an ``eagle_sample`` whose target renorm or chain kernel DETSPEC would not intercept."""
-    reachable = _reachable_names(eagle_sample)
+    reachable = reachable_names(eagle_sample)
     unmapped = sorted(n for n in reachable if _RENORM_PATTERN.search(n) and n not in RENORM_NAMES)
     if unmapped:
         raise RuntimeError(
@@ -220,7 +193,7 @@ def _rebound_eagle_sample() -> Callable:
 def detspec_eagle_sample(verify_input, batch, logits_output, *args, **kwargs):
     """Upstream ``eagle_sample`` with the row-local target truncation (see the module docstring)."""
     site = VerifySite(batch.sampling_info, int(verify_input.draft_token_num))
-    with _verify_site(site):
+    with _VERIFY_SITE.entered(site):
         result = _rebound_eagle_sample()(verify_input, batch, logits_output, *args, **kwargs)
     sampled = not batch.forward_mode.is_idle() and not batch.sampling_info.is_all_greedy
     if sampled and site.chain_calls == 0:
