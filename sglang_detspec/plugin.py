@@ -10,7 +10,7 @@ scheduler, DP-controller and detokenizer process. It registers
 * a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
 * per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
-  (:mod:`sglang_detspec.integration.worker_checks`),
+  (:mod:`sglang_detspec.integration.scheduler_check`),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -54,15 +54,15 @@ def load_plugin() -> Dict[str, object]:
             algorithm,
             parallel_sampling,
             request_validation,
+            scheduler_check,
             server_args,
-            worker_checks,
         )
 
         algorithm.register_algorithms()
         server_args.install_resolution_hook()
         request_validation.install_request_validation()
         parallel_sampling.install_parallel_sampling_seeds()
-        worker_checks.install_scheduler_check()
+        scheduler_check.install_scheduler_check()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
@@ -74,9 +74,9 @@ def load_plugin() -> Dict[str, object]:
                     "the server-argument resolution hook on "
                     f"{compat.resolution_entry_target()} could not be applied (see the HookRegistry error above)"
                 )
-            if not worker_checks.scheduler_check_active():
+            if not scheduler_check.scheduler_check_active():
                 raise RuntimeError(
-                    f"the scheduler start-up check on {worker_checks.SCHEDULER_HOOK_TARGET} could not be applied "
+                    f"the scheduler start-up check on {scheduler_check.SCHEDULER_HOOK_TARGET} could not be applied "
                     "(see the HookRegistry error above)"
                 )
         algorithm.verify_registration()
@@ -99,12 +99,12 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, server_args, worker_checks
+    from sglang_detspec.integration import algorithm, scheduler_check, server_args
 
     return {
         "sglang_version": compat.installed_sglang_version(),
         "algorithms": [name for name in algorithm.DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
         "resolution_target": compat.resolution_entry_target(),
         "resolution_hook_active": server_args.resolution_hook_active(),
-        "scheduler_check_active": worker_checks.scheduler_check_active(),
+        "scheduler_check_active": scheduler_check.scheduler_check_active(),
     }

@@ -1,4 +1,5 @@
-"""Start-up checks that a DETSPEC server runs the DETSPEC sampling code (integration/worker_checks.py).
+"""Start-up checks that a DETSPEC server runs the DETSPEC sampling code (integration/scheduler_check.py; the
+worker-side checks of integration/worker_checks.py are exercised by the worker tests).
 
 ``check_scheduler_workers`` is the AFTER hook the plugin puts on ``Scheduler.maybe_init_draft_worker``: once the
 scheduler built its speculative worker for a DETSPEC algorithm, the worker, its draft worker and the target sampler
@@ -14,7 +15,7 @@ import pytest
 
 import sglang_verify_harness as harness
 
-from sglang_detspec.integration import algorithm, target_sampler, worker_checks
+from sglang_detspec.integration import algorithm, scheduler_check, target_sampler
 from sglang_detspec.plugin import load_plugin
 
 
@@ -44,7 +45,7 @@ def test_detspec_workers_pass(detspec_eagle):
     scheduler = SimpleNamespace(
         spec_algorithm=detspec_eagle, draft_worker=_spec_worker(DetspecEAGLEWorkerV2, draft, _detspec_sampler())
     )
-    assert worker_checks.check_scheduler_workers("result", scheduler) == "result"
+    assert scheduler_check.check_scheduler_workers("result", scheduler) == "result"
 
 
 def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
@@ -52,7 +53,7 @@ def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
 
     upstream = _spec_worker(EAGLEWorkerV2, EagleDraftWorker.__new__(EagleDraftWorker), _detspec_sampler())
     with pytest.raises(RuntimeError, match="not a DETSPEC worker"):
-        worker_checks.check_scheduler_workers(None, SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=upstream))
+        scheduler_check.check_scheduler_workers(None, SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=upstream))
 
 
 def test_an_upstream_target_sampler_is_refused(detspec_eagle):
@@ -61,23 +62,23 @@ def test_an_upstream_target_sampler_is_refused(detspec_eagle):
     draft = DetspecEagleDraftWorker.__new__(DetspecEagleDraftWorker)
     worker = _spec_worker(DetspecEAGLEWorkerV2, draft, harness.bare_sampler())
     with pytest.raises(RuntimeError, match="not the DETSPEC sampler"):
-        worker_checks.check_scheduler_workers(None, SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=worker))
+        scheduler_check.check_scheduler_workers(None, SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=worker))
 
 
 def test_other_algorithms_and_draftless_pipeline_stages_are_not_checked(detspec_eagle):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     builtin = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE, draft_worker=object())
-    assert worker_checks.check_scheduler_workers(1, builtin) == 1
+    assert scheduler_check.check_scheduler_workers(1, builtin) == 1
     draftless = SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=None)
-    assert worker_checks.check_scheduler_workers(2, draftless) == 2
+    assert scheduler_check.check_scheduler_workers(2, draftless) == 2
 
 
 def test_load_plugin_puts_the_check_on_the_scheduler():
     load_plugin()
-    assert worker_checks.scheduler_check_active()
+    assert scheduler_check.scheduler_check_active()
     load_plugin()  # idempotent: registered once
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    hooks = [h for _, h, _ in HookRegistry._hooks.get(worker_checks.SCHEDULER_HOOK_TARGET, [])]
-    assert hooks.count(worker_checks.check_scheduler_workers) == 1
+    hooks = [h for _, h, _ in HookRegistry._hooks.get(scheduler_check.SCHEDULER_HOOK_TARGET, [])]
+    assert hooks.count(scheduler_check.check_scheduler_workers) == 1
