@@ -8,8 +8,10 @@ Importing this package is cheap on purpose: it imports neither torch nor SGLang.
 * :mod:`sglang_detspec.plugin`     the ``sglang.srt.plugins`` entry point that registers ``DETSPEC_EAGLE`` and
   ``DETSPEC_EAGLE3`` (checks the installed SGLang version first);
 * :mod:`sglang_detspec.cli`        the ``sglang-detspec`` command (serve / check / bench / demo).
+
+The supported SGLang range is defined once, in :mod:`sglang_detspec.integration.compat` (``SUPPORTED_MIN`` /
+``SUPPORTED_MAX``); ``tests/unit/test_supported_range.py`` checks that pyproject.toml and CI say the same.
 """
 
 __version__ = "0.1.0"
 
-SUPPORTED_SGLANG = (">=0.5.17", "<0.5.24")

@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 #: Inclusive range of SGLang releases this plugin supports.
 SUPPORTED_MIN: Tuple[int, int, int] = (0, 5, 17)
 SUPPORTED_MAX: Tuple[int, int, int] = (0, 5, 23)
-SUPPORTED_RANGE_TEXT = "sglang 0.5.17 to 0.5.23 (inclusive)"
+SUPPORTED_RANGE_TEXT = f"sglang {'.'.join(map(str, SUPPORTED_MIN))} to {'.'.join(map(str, SUPPORTED_MAX))} (inclusive)"
 
 #: Set to 1 to downgrade the version refusal to a warning (for trying a newer SGLang; unsupported).
 SKIP_VERSION_CHECK_ENV = "SGLANG_DETSPEC_SKIP_VERSION_CHECK"
