@@ -450,17 +450,8 @@ def draft_proposal_probs(next_token_logits: Any, temperatures: Any) -> Any:
     return torch.softmax(next_token_logits / temperatures, dim=-1)
 
 
-def top_k_all() -> int:
-    """SGLang's "no top-k truncation" value (``sampling_params.TOP_K_ALL``, ``1 << 30`` in both)."""
-    try:
-        from sglang.srt.sampling.sampling_params import TOP_K_ALL
-    except ImportError:  # pragma: no cover - both supported releases define it
-        return 1 << 30
-    return int(TOP_K_ALL)
-
-
 # ---------------------------------------------------------------------------------------------------
-# Parallel sampling (n > 1): where the n choices of a prompt are sent (added by the rollouts helper)
+# Parallel sampling (n > 1): where the n choices of a prompt are sent
 # ---------------------------------------------------------------------------------------------------
 #
 # Both releases expand ``n`` in ``TokenizerManager._handle_batch_request`` (0.5.17 tokenizer_manager.py:1812-1875,
