@@ -8,7 +8,7 @@ scheduler. The plugin wraps that one resolution (``HookRegistry`` AROUND hook on
 ``arg_groups.pipeline.run_resolution_pipeline`` on 0.5.23, on ``ServerArgs.__post_init__`` on 0.5.17; see
 :mod:`~sglang_detspec.integration.compat`). For a DETSPEC name it:
 
-1. refuses flags that cannot give reproducible output (table below), naming the flag and what to do;
+1. refuses flags that cannot give reproducible output (see "Refused flags"), naming the flag and what to do;
 2. fills the linear-chain defaults: ``--speculative-eagle-topk 1``; ``--speculative-num-steps 3`` unless
    given (``--speculative-num-draft-tokens - 1`` if only that is given);
    ``--speculative-num-draft-tokens = steps + 1``;
@@ -28,72 +28,12 @@ scheduler. The plugin wraps that one resolution (``HookRegistry`` AROUND hook on
 
 ``--speculative-use-rejection-sampling`` need not be passed; it is always on.
 
-Refused flags (README-ready)
-============================
+Refused flags
+=============
 
-Each refusal raises :class:`DetspecConfigError` (a ``ValueError``) at startup, before any model loads.
-
-==========================================  =================================================================
-flag / situation                            why it is refused, and what to do instead
-==========================================  =================================================================
-no ``--enable-deterministic-inference``     The seeds only exist in deterministic mode (SGLang gives every
-(or ``--rl-on-policy-target``)              request a ``sampling_seed``, default 42, only then), and the
-                                            attention / reduction kernels are only batch-invariant then.
-                                            Add ``--enable-deterministic-inference``; for non-reproducible
-                                            speculative sampling use ``--speculative-algorithm EAGLE``.
-``--speculative-eagle-topk`` > 1            Rejection sampling is implemented for the linear (topk 1) draft
-                                            chain only; tree drafting is deterministic top-k, not sampled.
-                                            Drop the flag (DETSPEC defaults to 1).
-``--device`` other than CUDA, ROCm, or an   The seeded draft sampler is a Triton kernel validated on NVIDIA
-out-of-tree platform plugin                 GPUs only (upstream also requires CUDA for deterministic
-                                            rejection sampling). Run on an NVIDIA GPU (``--device cuda``).
-``--speculative-adaptive``                  Adaptive speculation picks the draft length from the batch size,
-                                            so one request's draft length, verify-coin layout and tokens
-                                            would depend on what else is running. Drop the flag and set
-                                            ``--speculative-num-steps``.
-``--enable-mixed-chunk``                    Mixed chunked prefill decodes running speculative requests with
-                                            the plain target sampler whenever a prefill is co-scheduled, so
-                                            the tokens would depend on other requests' arrival times. Drop it.
-``--speculative-accept-threshold-single``   Rejection sampling ignores accept thresholds (upstream refuses
-/ ``--speculative-accept-threshold-acc``    the combination too). Leave both at 1.0.
-other than 1.0
-a draft vocabulary different from the       Rejection sampling needs the draft and target distributions over
-target's (``--speculative-token-map``, or   one vocabulary (upstream FIXME: no d2t scatter yet). Use a draft
-an EAGLE-3 draft with ``draft_vocab_size``  with the target's full vocabulary, or ``--speculative-algorithm
-!= the target vocab)                        EAGLE3`` (not reproducible). Checked from the draft config at
-                                            startup; SGLang's worker re-checks at init.
-``--speculative-use-block-verification``    Not validated with the seeded draft stream yet. Drop it.
-(0.5.23)
-``--enable-watermark`` (0.5.23)             Upstream refuses watermarking with rejection sampling.
-``--enable-return-aux-hidden-states``       That flag turns speculative decoding off (the algorithm only
-(0.5.23)                                    names a capture convention). Use ``--speculative-algorithm
-                                            EAGLE3`` for it.
-``--enable-attn-tp-input-scattered`` with   SGLang disables input scattering for EAGLE3 by comparing the name
-``DETSPEC_EAGLE3``                          to ``"EAGLE3"`` after startup, a check the DETSPEC name would
-                                            slip past. Drop the flag.
-no draft model (``--speculative-draft-      The draft worker would have no checkpoint. Pass the draft path
-model-path`` unset after resolution)        (for checkpoints that carry their MTP layer, the target path).
-a draft SGLang turns into FROZEN_KV_MTP     A Gemma-4 assistant draft is served by a different algorithm
-(Gemma-4 assistant drafts)                  with no rejection sampling. Use ``--speculative-algorithm EAGLE``.
-``--chunked-prefill-size`` (as resolved,    Deterministic mode cuts chunks to a multiple of the prefill
-also SGLang's GPU-memory default) that is   backend's alignment (4096 by default; flashinfer, and triton on
-neither <= 0 nor a multiple of the          0.5.17 - 0.5.21; ``SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE`` /
-deterministic prefill alignment             ``SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE``): a smaller chunk
-                                            never schedules a longer prompt (the server hangs), a non-multiple
-                                            starts later chunks off the alignment. Pass a multiple of the
-                                            alignment (times the DP-attention ranks), or -1.
-``--chunked-prefill-size`` > 0 with multi-  The multi-layer worker's prefill draft input depends on where a
-layer EAGLE (switched on by its flag or     prompt was cut (upstream TODO "same chunked-prefill chain
-by a model override)                        divergence as PR #26329"). Pass ``--chunked-prefill-size -1``.
-the radix cache with multi-layer EAGLE      Draft step i reads the prompt shifted by i + 1 tokens, EAGLE's
-                                            bigram radix keys cover one: a prompt half cached by another
-                                            prompt got other tokens on the H200. Pass ``--disable-radix-cache``.
-``--disaggregation-mode prefill`` /         The decode server's first verify of a request differs: 0.5.17 -
-``decode``                                  0.5.21 hand over no draft probabilities, 0.5.22+ propose the
-                                            handed-over token with probability one. Serve in one server.
-``SGLANG_SIMULATE_ACC_LEN`` > 0             Simulated acceptance draws from the global RNG. Unset it (the
-                                            workers refuse it again at construction).
-==========================================  =================================================================
+Each refusal raises :class:`DetspecConfigError` (a ``ValueError``) at startup, before any model loads, naming the
+flag and the fix. The table of refusals with their reasons is README.md's "Flags it refuses at startup" (one
+table; ``tests/unit/test_refusal_table.py`` checks that it and the ``_refuse`` calls below name the same flags).
 
 Not refused, documented instead (checked against BRIEF section 5 and the sources):
 
@@ -109,7 +49,7 @@ Not refused, documented instead (checked against BRIEF section 5 and the sources
   the target sampler rather than by verify, so the realisation can change under memory pressure
   (inherent; size ``--max-running-requests`` / ``--mem-fraction-static`` to avoid retraction).
 * multi-layer EAGLE: chosen exactly as upstream chooses it (``--enable-multi-layer-eagle`` or a model
-  override), with chunked prefill and the radix cache off (table above); the multi-layer worker owns its
+  override), with chunked prefill and the radix cache off (refused otherwise); the multi-layer worker owns its
   numerics caveats.
 
 Where SGLang compares the algorithm *name* (not ``is_eagle()``)
