@@ -163,6 +163,22 @@ def test_each_choice_equals_one_request_with_its_derived_seed(rollouts):
     assert logprob_diffs == []
 
 
+SPEC_STATS = ("spec_verify_ct", "spec_num_correct_drafts", "spec_num_proposed_drafts")
+
+
+def test_per_request_speculation_stats_are_given_and_reproducible(rollouts):
+    """SGLang's meta_info already carries per-request speculation stats (tokenizer_manager's spec metrics): every
+    rollout has them, consistent with the draft chain (3 drafts per verify step), and -- the audit property -- the
+    same for a choice whatever ran beside it."""
+    first, second = rollouts["first"], rollouts["second"]
+    stats = [tuple(r["meta_info"].get(k) for k in SPEC_STATS) for r in first]
+    h.record("rollouts_spec_stats_first", stats[:N])
+    for verify_ct, correct, proposed in stats:
+        assert verify_ct and verify_ct > 0 and proposed == 3 * verify_ct and 0 <= correct <= proposed, stats
+    assert any(correct < proposed for _, correct, proposed in stats), "every draft accepted: nothing was rejected"
+    assert stats == [tuple(r["meta_info"].get(k) for k in SPEC_STATS) for r in second]
+
+
 def test_control_the_opt_out_gives_identical_samples(rollouts):
     """Upstream behaviour on request: one seed for all n, so the distinctness test above could fail."""
     group = rollouts["opt_out"]
