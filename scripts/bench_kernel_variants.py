@@ -8,7 +8,7 @@ and the committed launch table ("base"); to compare kernel code paths, add a con
 another ``_launch``-compatible function (the 2026-12-02 code-path comparison that chose the current
 kernel ran this way; results in the kernel module's docstring):
 1. parity: token indices vs a GPU float64 torch implementation of upstream's stream
-   (:func:`sglang_detspec.benchmark.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
+   (:func:`sglang_detspec.upstream_replica.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
    (dense at three temperatures, top-k truncated, flat, peaked; V = 163840 and 151936; random int64 seeds,
    positions up to 2**40, draft steps 0..7; int32 positions, strided row views, 10% greedy rows), small
    batches (every launch-table row), degenerate rows and constructed near-tie rows; one reference
@@ -36,7 +36,8 @@ if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton int
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_detspec import benchmark  # noqa: E402
+from sglang_detspec import benchmark, reference  # noqa: E402
+from sglang_detspec.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores  # noqa: E402
 from gpu_kernel_checks import _rand_probs, tied_partner_prob  # noqa: E402  (this script's folder is on sys.path)
 
 sdsm = sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
@@ -70,10 +71,8 @@ def _launch_fn(name):
 
 def _reference(probs, seeds, pos, step, greedy):
     if SMOKE:
-        from sglang_detspec import reference
-
         return reference.seeded_draft_sample(probs, seeds, pos, step, greedy=greedy)[1]
-    _, iu = benchmark.upstream_seeded_fast_sample(probs, seeds, pos.to(torch.int64), step)
+    _, iu = upstream_seeded_fast_sample(probs, seeds, pos.to(torch.int64), step)
     if greedy is not None:
         iu = torch.where(greedy.view(-1, 1), probs.argmax(-1, keepdim=True), iu)
     return iu
@@ -138,17 +137,9 @@ def _batches(total_rows, g):
 
 
 def _upstream_scores(probs, seeds, pos, step):
-    from sglang_detspec import keys, reference
-
     if SMOKE:
         return reference.draft_scores(probs, seeds, pos, step)
-
-    V = probs.shape[1]
-    cols = torch.arange(step * V, step * V + V, dtype=torch.int64, device=DEV)
-    h = benchmark.upstream_murmur_hash32((seeds + keys.DRAFT_SEED_SALT).to(torch.uint64), pos.to(torch.uint64), cols)
-    s = h.to(torch.float64)
-    s.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
-    return s.mul_(probs)
+    return upstream_seeded_scores(probs, seeds, pos, step)
 
 
 def _near_tie_batches(n_batches, g):

@@ -37,7 +37,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sglang_detspec import reference  # noqa: E402
-from sglang_detspec.benchmark import upstream_seeded_fast_sample  # noqa: E402
+from sglang_detspec.upstream_replica import (  # noqa: E402
+    upstream_draft_hashes,
+    upstream_seeded_fast_sample,
+    upstream_seeded_scores,
+)
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import _neg_log2_u_f32, _recip_f32  # noqa: E402
 
@@ -166,18 +170,6 @@ def check_parity(total_rows: int, log) -> dict:
                 per_kind=per_kind, passed=mism == 0, seconds=round(time.time() - t0, 1))
 
 
-def _upstream_scores(probs, seeds, pos, step):
-    from sglang_detspec.benchmark import upstream_murmur_hash32
-    from sglang_detspec import keys
-
-    V = probs.shape[1]
-    cols = torch.arange(step * V, step * V + V, dtype=torch.int64, device=DEV)
-    h = upstream_murmur_hash32((seeds + keys.DRAFT_SEED_SALT).to(torch.uint64), pos.to(torch.uint64), cols)
-    s = h.to(torch.float64)
-    s.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
-    return s.mul_(probs)
-
-
 def tied_partner_prob(ri: torch.Tensor, rj: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
     """float32 p_j whose float64 score rj * p_j ties token i's score ri * p_i as closely as float32 allows (the
     best of the 9 ulps around the exact ratio), then nudged one ulp down in a third of the rows and one ulp up in
@@ -216,7 +208,7 @@ def check_near_ties(n_rows: int, log) -> dict:
         step = it % 4
         base = torch.rand(B, V, device=DEV, generator=g) * 1e-7
         ones = torch.ones(B, V, device=DEV)
-        sc = _upstream_scores(ones, seeds, pos, step)  # 1/E per token, float64
+        sc = upstream_seeded_scores(ones, seeds, pos, step)  # 1/E per token, float64
         i = torch.randint(0, V // 2, (B,), device=DEV, generator=g)
         # same lane (distance = multiple of 1024), same chunk, or far apart
         sep = torch.tensor([1024, 2048, 1, 7, 8192 + 3, 70001], device=DEV)[torch.arange(B, device=DEV) % 6]
@@ -228,7 +220,7 @@ def check_near_ties(n_rows: int, log) -> dict:
         probs = base
         probs.scatter_(1, i[:, None], pi[:, None])
         probs.scatter_(1, j[:, None], best_pj[:, None])
-        s_full = _upstream_scores(probs, seeds, pos, step)
+        s_full = upstream_seeded_scores(probs, seeds, pos, step)
         top2 = s_full.topk(2, dim=-1).values
         exact_ties += int((top2[:, 0] == top2[:, 1]).sum())
         mism += _compare(probs, seeds, pos, step)
@@ -280,11 +272,7 @@ def check_cpu_reference(n_rows: int) -> dict:
         probs = _rand_probs(kind, B, V, 1.0, g)
         seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
         pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
-        from sglang_detspec.benchmark import upstream_murmur_hash32
-        from sglang_detspec import keys
-
-        cols = torch.arange(step * V, step * V + V, dtype=torch.int64, device=DEV)
-        hg = upstream_murmur_hash32((seeds + keys.DRAFT_SEED_SALT).to(torch.uint64), pos.to(torch.uint64), cols)
+        hg = upstream_draft_hashes(seeds, pos, step, V)
         hc = reference.murmur3_draft_hash(seeds.cpu(), pos.cpu(), step, V)
         mism_h += int((hg.to(torch.int64).cpu() != hc).sum())
         _, iu = upstream_seeded_fast_sample(probs, seeds, pos, step)

@@ -5,9 +5,8 @@
 Needs a CUDA GPU; SGLang is not needed (both comparison paths are re-implemented here):
 
 * ``upstream_seeded``: SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=, positions=, draft_step=)``
-  step by step: a Triton MurmurHash3 kernel writing ``[B, V]`` uint32 (upstream's ``murmur_hash32``: one
-  program per (row, 1024 columns), 64-bit rotates), then ``.to(float64).add_(0.5).div_(2**32).log_()
-  .neg_().reciprocal_().mul_(probs)`` and ``argmax``.
+  step by step (:func:`sglang_detspec.upstream_replica.upstream_seeded_fast_sample`: upstream's Triton
+  ``murmur_hash32`` writing ``[B, V]`` uint32, then float64 torch ops and ``argmax``).
 * ``unseeded``: the unseeded exponential race (``empty_like(probs).exponential_(); clamp_min_(tiny);
   probs / q; argmax``; upstream uses its own ``row_argmax`` kernel, here ``torch.argmax``).
 * ``fused``: :func:`sglang_detspec.kernels.seeded_draft_sample`.
@@ -35,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from . import keys
+from .upstream_replica import upstream_seeded_fast_sample
 
 VOCABS = (151936, 163840)
 BATCHES = (1, 8, 32, 128, 256)
@@ -43,87 +42,6 @@ METHODS = ("fused", "upstream_seeded", "unseeded")
 # Bars from the project issue (H200): (batch, vocab) -> max microseconds; peak extra memory at B=128.
 BARS_US = {(128, 163840): 40.0, (1, 163840): 10.0}
 BAR_PEAK_MIB = {(128, 163840): 1.0}
-
-
-def _upstream_hash_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _rotl32(x, r: tl.constexpr):
-        x = x.to(tl.uint64)
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-    @triton.jit
-    def _fmix32(h):
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-        h ^= h >> 16
-        return h
-
-    @triton.jit
-    def _mix(h, k):
-        k = (k * 0xCC9E2D51) & 0xFFFFFFFF
-        k = _rotl32(k, 15)
-        k = (k * 0x1B873593) & 0xFFFFFFFF
-        h ^= k
-        h = _rotl32(h, 13)
-        h = (h * 5 + 0xE6546B64) & 0xFFFFFFFF
-        return h
-
-    @triton.jit
-    def murmur_hash32_kernel(seed_ptr, positions_ptr, col_indices_ptr, output_ptr, num_rows, num_cols,
-                             BLOCK_SIZE: tl.constexpr):
-        # A copy of sglang 0.5.23 kernels/ops/sampling/murmur_hash.py (same work per element).
-        row_idx = tl.program_id(0)
-        col_offsets = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
-        mask = col_offsets < num_cols
-        seed = tl.load(seed_ptr + row_idx).to(tl.uint64)
-        pos = tl.load(positions_ptr + row_idx).to(tl.uint32)
-        col = tl.load(col_indices_ptr + col_offsets, mask=mask, other=0).to(tl.uint32)
-        h: tl.uint32 = 0
-        h = _mix(h, (seed & 0xFFFFFFFF).to(tl.uint32))
-        h = _mix(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))
-        h = _mix(h, pos)
-        h = _mix(h, col)
-        h ^= 16
-        h = _fmix32(h)
-        tl.store(output_ptr + row_idx * num_cols + col_offsets, h, mask=mask)
-
-    return murmur_hash32_kernel
-
-
-_HASH_KERNEL = None
-
-
-def upstream_murmur_hash32(seed: torch.Tensor, positions: torch.Tensor, col_indices: torch.Tensor) -> torch.Tensor:
-    """Upstream's ``murmur_hash32`` on CUDA: ``[n, m]`` uint32."""
-    import triton
-
-    global _HASH_KERNEL
-    if _HASH_KERNEL is None:
-        _HASH_KERNEL = _upstream_hash_kernel()
-    n, m = seed.shape[0], col_indices.shape[0]
-    hashed = torch.empty((n, m), dtype=torch.uint32, device=seed.device)
-    _HASH_KERNEL[(n, triton.cdiv(m, 1024))](seed, positions, col_indices, hashed, n, m, BLOCK_SIZE=1024)
-    return hashed
-
-
-def upstream_seeded_fast_sample(probs, sampling_seed, positions, draft_step=0):
-    """SGLang 0.5.23 seeded ``fast_sample`` (num_samples=1), re-implemented op for op (CUDA only)."""
-    vocab_size = probs.shape[1]
-    col_offset = draft_step * vocab_size
-    salted_seed = sampling_seed + keys.DRAFT_SEED_SALT
-    col_indices = torch.arange(col_offset, col_offset + vocab_size, dtype=torch.int64, device=probs.device)
-    hashed = upstream_murmur_hash32(salted_seed.to(torch.uint64), positions.to(torch.uint64), col_indices)
-    scores = hashed.to(torch.float64)
-    del hashed
-    scores.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
-    scores.mul_(probs)
-    sample_index = scores.argmax(dim=-1, keepdim=True)
-    return probs.gather(1, sample_index), sample_index
 
 
 def unseeded_fast_sample(probs, sampling_seed=None, positions=None, draft_step=0):

@@ -5,7 +5,7 @@ and every 32x32-bit multiply is split into 16-bit halves so that no intermediate
 has no wrapping uint32 arithmetic on CPU, and int64 products of two uint32 values would overflow).
 It runs on any device, is slow (it materialises ``[B, V]`` int64 and float64 tensors, like upstream)
 and is meant for CPU unit tests, audits and the parity checks of the Triton kernel.  The key layout
-is documented once, in :mod:`sglang_detspec.keys`.
+is documented once, in :mod:`sglang_detspec.keys`, the input contract in :mod:`sglang_detspec.draft_contract`.
 
 Float64 caveat: the score uses ``torch.log`` on float64.  On CUDA this is the same libdevice ``log`` as
 upstream's and as the Triton kernel's; on CPU it is the host ``log`` (Sleef/glibc), which can differ by
@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import keys
+from .draft_contract import check_draft_sample_inputs
 
 _M32 = 0xFFFFFFFF
 
@@ -28,13 +29,6 @@ def _mulmod32(a: torch.Tensor, c: int) -> torch.Tensor:
     """(a * c) mod 2**32 for int64 ``a`` in [0, 2**32) and a uint32 constant ``c``, without int64 overflow."""
     lo = a * (c & 0xFFFF)  # < 2**48
     hi = ((a * (c >> 16)) & 0xFFFF) << 16  # only the low 16 bits of a*c_hi survive the shift mod 2**32
-    return (lo + hi) & _M32
-
-
-def _mulmod32_t(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """(a * c) mod 2**32 for int64 tensors holding uint32 values, without int64 overflow."""
-    lo = a * (c & 0xFFFF)
-    hi = ((a * (c >> 16)) & 0xFFFF) << 16
     return (lo + hi) & _M32
 
 
@@ -109,47 +103,6 @@ def draft_scores(
     return scores.mul_(probs)
 
 
-def validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy) -> None:
-    """The input contract shared by this reference and the Triton kernel (which adds its layout and device
-    checks): actionable ``ValueError``s instead of a wrong stream or an error deep inside a kernel launch."""
-    if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
-        raise ValueError(f"probs must be a 2-D [batch, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
-    if probs.dtype != torch.float32:
-        raise ValueError(
-            f"probs must be float32 (what upstream's sampling softmax produces), got {probs.dtype}; "
-            "cast with probs.float() before sampling"
-        )
-    if not isinstance(sampling_seed, torch.Tensor) or sampling_seed.dtype != torch.int64:
-        raise ValueError(
-            f"sampling_seed must be an int64 tensor (SamplingBatchInfo.sampling_seed), got "
-            f"{getattr(sampling_seed, 'dtype', type(sampling_seed))}"
-        )
-    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"positions must be an int32 or int64 tensor, got {getattr(positions, 'dtype', type(positions))}"
-        )
-    if sampling_seed.shape != positions.shape:
-        raise ValueError(
-            f"sampling_seed and positions must have matching shapes, got {tuple(sampling_seed.shape)} and "
-            f"{tuple(positions.shape)}"
-        )
-    if sampling_seed.numel() != probs.shape[0]:
-        raise ValueError(
-            f"sampling_seed must have one value per probability row, got {sampling_seed.numel()} seeds for "
-            f"{probs.shape[0]} rows (slice graph buffers to the live batch: seeds[:bs])"
-        )
-    if greedy is not None:
-        if not isinstance(greedy, torch.Tensor) or greedy.dtype != torch.bool or greedy.numel() != probs.shape[0]:
-            raise ValueError(
-                f"greedy must be a bool tensor with one entry per row (e.g. top_ks[:bs] <= 1), got "
-                f"{getattr(greedy, 'dtype', type(greedy))} with {getattr(greedy, 'numel', lambda: '?')()} "
-                f"entries for {probs.shape[0]} rows"
-            )
-    if isinstance(draft_step, torch.Tensor) or int(draft_step) != draft_step:
-        raise ValueError(f"draft_step must be a Python int (it is baked into CUDA graphs), got {draft_step!r}")
-    keys.check_draft_step(int(draft_step), probs.shape[1])
-
-
 def seeded_draft_sample(
     probs: torch.Tensor,
     sampling_seed: torch.Tensor,
@@ -164,7 +117,7 @@ def seeded_draft_sample(
     rows where ``greedy`` is True return ``probs.argmax(-1)`` (upstream's ``top_ks <= 1`` override).
     Rows with NaN return the first NaN index and all-zero rows return token 0 (``torch.argmax``).
     """
-    validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
+    check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
     scores = draft_scores(probs, sampling_seed, positions, draft_step)
     idx = scores.argmax(dim=-1, keepdim=True)
     if greedy is not None:

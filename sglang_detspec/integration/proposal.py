@@ -24,6 +24,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from sglang_detspec.draft_contract import check_draft_rows
+
 __all__ = ["seeded_draft_proposal", "greedy_mask_from_top_ks"]
 
 
@@ -63,20 +65,9 @@ def seeded_draft_proposal(
         top_ks: optional ``[B]`` per-request top-k; rows with ``top_k <= 1``
             propose ``argmax(probs)`` (first index) instead of a random draw.
     """
-    if probs.dim() != 2:
-        raise ValueError(f"probs must be [B, V], got shape {tuple(probs.shape)}")
+    # The shared contract's per-row part: probs may still be half precision here (cast below).
+    check_draft_rows(probs, sampling_seed, positions)
     bs = probs.shape[0]
-    if sampling_seed is None or positions is None:
-        raise ValueError(
-            "seeded_draft_proposal needs sampling_seed and positions; the "
-            "DETSPEC workers only call it under --enable-deterministic-inference"
-        )
-    if sampling_seed.shape[0] != bs or positions.shape[0] != bs:
-        raise ValueError(
-            "sampling_seed and positions need one entry per probs row: "
-            f"probs {tuple(probs.shape)}, sampling_seed "
-            f"{tuple(sampling_seed.shape)}, positions {tuple(positions.shape)}"
-        )
     greedy = greedy_mask_from_top_ks(top_ks, bs)
     if probs.is_cuda:
         # Imported lazily: the kernel module defines Triton kernels, which must

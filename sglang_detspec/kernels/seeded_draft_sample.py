@@ -104,7 +104,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference import validate_draft_sample_inputs
+from .. import keys
+from ..draft_contract import check_kernel_inputs
 
 __all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
 
@@ -112,6 +113,16 @@ __all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _INT_MAX = tl.constexpr(2147483647)
+# The key layout's constants, from their one definition (sglang_detspec.keys): the salt is added as its two
+# 32-bit halves (explicit carry), the Murmur multipliers and the finalizer's length word as written there.
+_SALT_LO = tl.constexpr(keys.DRAFT_SEED_SALT_LO)
+_SALT_HI = tl.constexpr(keys.DRAFT_SEED_SALT_HI)
+_MURMUR_C1 = tl.constexpr(keys.MURMUR_C1)
+_MURMUR_C2 = tl.constexpr(keys.MURMUR_C2)
+_MURMUR_N = tl.constexpr(keys.MURMUR_N)
+_MURMUR_F1 = tl.constexpr(keys.MURMUR_F1)
+_MURMUR_F2 = tl.constexpr(keys.MURMUR_F2)
+_KEY_LENGTH_BYTES = tl.constexpr(keys.KEY_LENGTH_BYTES)
 # Chunk partial index codes (stage 1 -> stage 2): >= 0 resolved (index, exact score); -1 low chunk (score = an
 # exact upper bound, rescanned only if it can win); -2 rescan exactly; <= _UNSCORED: the lone candidate
 # _UNSCORED - idx, whose exact score stage 2 computes; _NO_CHUNK pads the stage-2 vector past NC.
@@ -128,22 +139,22 @@ _CAND_REL = tl.constexpr(1.0 - 2.0**-10)
 @triton.jit
 def _mix32(h, k):
     # MurmurHash3 x86_32 block mix on uint32 tensors (wrapping multiplies, logical shifts).
-    k = k * 0xCC9E2D51
+    k = k * _MURMUR_C1
     k = (k << 15) | (k >> 17)
-    k = k * 0x1B873593
+    k = k * _MURMUR_C2
     h = h ^ k
     h = (h << 13) | (h >> 19)
-    return h * 5 + 0xE6546B64
+    return h * 5 + _MURMUR_N
 
 
 @triton.jit
 def _fmix32(h):
     # MurmurHash3 finalizer.  The key length in bytes (16) is xored in first; since (h ^ 16) >> 16 == h >> 16,
     # h ^ 16 ^ (h >> 16) is the same value in one three-input logic op instead of two dependent ones.
-    h = h ^ (h >> 16) ^ 16
-    h = h * 0x85EBCA6B
+    h = h ^ (h >> 16) ^ _KEY_LENGTH_BYTES
+    h = h * _MURMUR_F1
     h = h ^ (h >> 13)
-    h = h * 0xC2B2AE35
+    h = h * _MURMUR_F2
     return h ^ (h >> 16)
 
 
@@ -151,10 +162,10 @@ def _fmix32(h):
 def _row_prefix(seed_ptr, pos_ptr, row):
     """Murmur state after the three row-constant words (salted seed lo, hi; position)."""
     seed = tl.load(seed_ptr + row).to(tl.int64)
-    # seed + keys.DRAFT_SEED_SALT (low half 0x545F0000, high half 0x44524146) with int64 wrap-around, done on 32-bit halves with an explicit carry so that no
+    # seed + keys.DRAFT_SEED_SALT with int64 wrap-around, done on 32-bit halves with an explicit carry so that no
     # intermediate overflows (the interpreter's NumPy scalars would warn; the arithmetic is the same).
-    lo = (seed & 0xFFFFFFFF) + 0x545F0000
-    hi = ((seed >> 32) & 0xFFFFFFFF) + 0x44524146 + (lo >> 32)
+    lo = (seed & 0xFFFFFFFF) + _SALT_LO
+    hi = ((seed >> 32) & 0xFFFFFFFF) + _SALT_HI + (lo >> 32)
     pos = tl.load(pos_ptr + row).to(tl.int64) & 0xFFFFFFFF  # int32 or int64; two's complement low word
     h = tl.zeros([], dtype=tl.uint32)
     h = _mix32(h, (lo & 0xFFFFFFFF).to(tl.uint32))
@@ -477,26 +488,6 @@ def launch_config(batch: int, vocab: int) -> Tuple[int, int]:
     return _launch_entry(batch, vocab)[:2]
 
 
-def _validate(probs, sampling_seed, positions, draft_step, greedy) -> None:
-    validate_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
-    # The kernel addresses a row as base + row * stride(0) + column: only the vocab dimension must be dense.
-    if probs.shape[1] > 1 and probs.stride(1) != 1:
-        raise ValueError(
-            f"probs must be contiguous in its last (vocab) dimension, got strides {tuple(probs.stride())}; "
-            "row views such as draft_probs[:bs, step] are fine, a transposed tensor is not (use .contiguous())"
-        )
-    dev = probs.device
-    for name, t in (("sampling_seed", sampling_seed), ("positions", positions), ("greedy", greedy)):
-        if t is not None and t.device != dev:
-            raise ValueError(f"{name} is on {t.device} but probs is on {dev}; all inputs must share a device")
-    if dev.type != "cuda" and not INTERPRETED:
-        raise ValueError(
-            f"the Triton kernel needs CUDA tensors (got {dev}); on CPU use "
-            "sglang_detspec.reference.seeded_draft_sample, or set TRITON_INTERPRET=1 before importing "
-            "sglang_detspec.kernels"
-        )
-
-
 def seeded_draft_sample(
     probs: torch.Tensor,
     sampling_seed: torch.Tensor,
@@ -528,7 +519,7 @@ def seeded_draft_sample(
     CUDA graphs: capturable; update ``sampling_seed``, ``positions`` and ``greedy`` in place between
     replays.  ``draft_step`` and the shapes are fixed at capture.  Never synchronises with the host.
     """
-    _validate(probs, sampling_seed, positions, draft_step, greedy)
+    check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy, interpreted=INTERPRETED)
     return _launch(probs, sampling_seed, positions, int(draft_step), greedy, block_size, num_warps)
 
 
