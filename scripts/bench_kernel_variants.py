@@ -3,10 +3,11 @@
 
     PYTHONPATH=$PWD python scripts/bench_kernel_variants.py --out DIR [--rows 50000] [--configs ...]
 
-For every candidate launch configuration (block size, warps, ptxas register cap, applied when B >= 32)
-and the committed launch table ("base"); to compare kernel code paths, add a configuration that calls
-another ``_launch``-compatible function (the 2026-12-02 code-path comparison that chose the current
-kernel ran this way; results in the kernel module's docstring):
+For every launch variant (``sglang_detspec.benchmark.LAUNCH_VARIANTS``: block size, warps, ptxas register
+cap, applied when B >= 32, through ``seeded_draft_sample(..., config=LaunchConfig(...))``) and the committed
+launch table ("base"); to compare kernel code paths, give ``launch_variant`` an entry that calls the other
+path (the 2026-12-02 code-path comparison that chose the current kernel ran this way; results in the kernel
+module's docstring):
 1. parity: token indices vs a GPU float64 torch implementation of upstream's stream
    (:func:`sglang_detspec.upstream_replica.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
    (dense at three temperatures, top-k truncated, flat, peaked; V = 163840 and 151936; random int64 seeds,
@@ -27,6 +28,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -37,37 +39,15 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from sglang_detspec import benchmark, reference  # noqa: E402
+from sglang_detspec.benchmark import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob  # noqa: E402
+from sglang_detspec.kernels import LAUNCH_TABLE  # noqa: E402
 from sglang_detspec.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores  # noqa: E402
-from gpu_kernel_checks import _rand_probs, tied_partner_prob  # noqa: E402  (this script's folder is on sys.path)
 
-sdsm = sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")
 PAR_V = (4099, 3001) if SMOKE else (163840, 151936)  # parity vocabularies
 PAR_B = 16 if SMOKE else 1024  # parity rows per batch
 TIMING_BATCHES = (128, 1, 8, 32, 256)  # B = 128 first: the bar
-
-# name -> (block, warps, maxnreg) override used when B >= 32, or None: the launch table
-CONFIGS = {
-    "base": None,
-    "b2k": (2048, 4, 0),
-    "r128": (4096, 4, 128),
-    "b2k_r96": (2048, 4, 96),
-    "w8": (4096, 8, 0),
-}
-
-
-def _launch_fn(name):
-    over = CONFIGS[name]
-
-    def fn(probs, seeds, pos, step, greedy=None):
-        if over is not None and probs.shape[0] >= 32:
-            b, w, r = over
-            return sdsm._launch(probs, seeds, pos, step, greedy, b, w, r or None)
-        return sdsm._launch(probs, seeds, pos, step, greedy)
-
-    return fn
-
 
 def _reference(probs, seeds, pos, step, greedy):
     if SMOKE:
@@ -96,10 +76,10 @@ def _batches(total_rows, g):
             pos = (pos % (2**31)).to(torch.int32)
         if variant == 2:
             buf = torch.zeros(B, 3, V, device=DEV)
-            buf[:, 1] = _rand_probs(kind, B, V, temp, g, device=DEV)
+            buf[:, 1] = rand_probs(kind, B, V, temp, g, device=DEV)
             probs = buf[:, 1]
         else:
-            probs = _rand_probs(kind, B, V, temp, g, device=DEV)
+            probs = rand_probs(kind, B, V, temp, g, device=DEV)
         greedy = (torch.rand(B, device=DEV, generator=g) < 0.1) if variant == 3 else None
         yield f"{kind}/T{temp}/V{V}", probs, seeds, pos, step, greedy
         rows += B
@@ -107,7 +87,7 @@ def _batches(total_rows, g):
     # small batches: every launch-table row (and a partial last chunk for 151936)
     for B in (1, 2, 3, 8, 17, 64):
         for V in PAR_V:
-            probs = _rand_probs("dense", B, V, 1.0, g, device=DEV)
+            probs = rand_probs("dense", B, V, 1.0, g, device=DEV)
             seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
             pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
             yield f"small/B{B}/V{V}", probs, seeds, pos, B % 5, None
@@ -166,7 +146,7 @@ def _near_tie_batches(n_batches, g):
 
 def parity(names, total_rows, near_tie_batches, log):
     g = torch.Generator(device=DEV).manual_seed(4321)
-    fns = {n: _launch_fn(n) for n in names}
+    fns = {n: launch_variant(n) for n in names}
     mism = {n: 0 for n in names}
     errors = {}
     detail = {n: {} for n in names}
@@ -204,7 +184,7 @@ def timing(names, batches, vocab, log, save):
     for B in batches:
         probs, seeds, pos = benchmark.make_inputs(B, vocab, DEV)
         for n in list(names) + (["base@end"] if "base" in names else []):
-            fn = _launch_fn(n.split("@")[0])
+            fn = launch_variant(n.split("@")[0])
             try:
                 t = benchmark.graph_time_us(fn, (probs, seeds, pos, 1), 10, 60)
                 out[n][B] = round(statistics.median(t), 3)
@@ -221,12 +201,12 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("results/variants"))
     ap.add_argument("--rows", type=int, default=49152)
     ap.add_argument("--near-tie-batches", type=int, default=4)
-    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="*", default=list(LAUNCH_VARIANTS), choices=list(LAUNCH_VARIANTS))
     ap.add_argument("--smoke", action="store_true", help="CPU dry run of the parity path (interpreter)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     res = dict(device="cpu (smoke)" if SMOKE else torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               launch_table=sdsm._LAUNCH_TABLE, configs=CONFIGS)
+               launch_table=[(bound, astuple(c)) for bound, c in LAUNCH_TABLE], configs=LAUNCH_VARIANTS)
 
     def log(m):
         print(m, flush=True)

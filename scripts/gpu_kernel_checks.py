@@ -37,13 +37,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sglang_detspec import reference  # noqa: E402
+from sglang_detspec.benchmark import rand_probs, tied_partner_prob  # noqa: E402
 from sglang_detspec.upstream_replica import (  # noqa: E402
     upstream_draft_hashes,
     upstream_seeded_fast_sample,
     upstream_seeded_scores,
 )
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
-from sglang_detspec.kernels.seeded_draft_sample import _neg_log2_u_f32, _recip_f32  # noqa: E402
+from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -59,7 +60,7 @@ def _e2_error_kernel(out_ptr, PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
     base = pid.to(tl.int64) * PER_PROG
     for t in range(0, PER_PROG, BLOCK):
         hv = (base + t + tl.arange(0, BLOCK)).to(tl.uint32)
-        e32 = _neg_log2_u_f32(hv, True).to(tl.float64)
+        e32 = neg_log2_u_f32(hv, True).to(tl.float64)
         u = (hv.to(tl.float64) + 0.5) * 2.3283064365386963e-10
         e64 = -tl.log(u) * 1.4426950408889634
         worst = tl.maximum(worst, tl.abs(e32 - e64) / e64)
@@ -86,7 +87,7 @@ def _score_error_kernel(p_ptr, h_ptr, out_ptr, N, BLOCK: tl.constexpr):
     m = offs < N
     p = tl.load(p_ptr + offs, mask=m, other=1.0)
     h = tl.load(h_ptr + offs, mask=m, other=0).to(tl.uint32)
-    s32 = (p * _recip_f32(_neg_log2_u_f32(h, True), True)).to(tl.float64)  # the kernel's expression
+    s32 = race_score_f32(p, h, True).to(tl.float64)  # the kernel's expression
     u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10
     s64 = p.to(tl.float64) / (-tl.log(u) * 1.4426950408889634)
     tl.store(out_ptr + offs, tl.where(m, tl.abs(s32 - s64) / s64, 0.0), mask=m)
@@ -107,19 +108,6 @@ def check_score_bound(n: int = 1 << 26) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------- 2
-def _rand_probs(kind: str, B: int, V: int, temp: float, g, device: torch.device = DEV) -> torch.Tensor:
-    if kind == "flat":
-        return torch.full((B, V), 1.0 / V, device=device)
-    logits = torch.randn(B, V, device=device, generator=g) * 4.0
-    if kind == "peaked":
-        logits[:, 0] += 25.0
-    if kind.startswith("topk"):
-        k = int(kind[4:])
-        thr = logits.topk(k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < thr, float("-inf"))
-    return torch.softmax(logits / temp, dim=-1)
-
-
 def _compare(probs, seeds, pos, step, greedy=None) -> int:
     _, ik = seeded_draft_sample(probs, seeds, pos, step, greedy=greedy)
     _, iu = upstream_seeded_fast_sample(probs, seeds, pos.to(torch.int64), step)
@@ -150,10 +138,10 @@ def check_parity(total_rows: int, log) -> dict:
         if variant == 2:  # strided row view of a [B, S, V] buffer (multi-layer single-CG layout)
             S = 3
             buf = torch.zeros(B, S, V, device=DEV)
-            buf[:, 1] = _rand_probs(kind, B, V, temp, g)
+            buf[:, 1] = rand_probs(kind, B, V, temp, g)
             probs = buf[:, 1]
         else:
-            probs = _rand_probs(kind, B, V, temp, g)
+            probs = rand_probs(kind, B, V, temp, g)
         greedy = (torch.rand(B, device=DEV, generator=g) < 0.1) if variant == 3 else None
         mm = _compare(probs, seeds, pos, step, greedy)
         key = f"{kind}/T{temp}"
@@ -168,28 +156,6 @@ def check_parity(total_rows: int, log) -> dict:
         del probs
     return dict(name="parity vs GPU float64 upstream stream (random rows)", rows=rows, mismatches=mism,
                 per_kind=per_kind, passed=mism == 0, seconds=round(time.time() - t0, 1))
-
-
-def tied_partner_prob(ri: torch.Tensor, rj: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
-    """float32 p_j whose float64 score rj * p_j ties token i's score ri * p_i as closely as float32 allows (the
-    best of the 9 ulps around the exact ratio), then nudged one ulp down in a third of the rows and one ulp up in
-    another third, so the winner flips around the tie. ``ri``/``rj`` are the 1/-log(u) factors of the two tokens."""
-    target = (pi.double() * ri / rj).float()  # p_j making the scores (nearly) equal
-    best_pj = target.clone()
-    best_gap = torch.full_like(ri, float("inf"), dtype=torch.float64)
-    s_i = ri * pi.double()
-    cand = target.clone()
-    for _ in range(4):
-        cand = torch.nextafter(cand, torch.zeros_like(cand))
-    for _ in range(9):
-        gap = (rj * cand.double() - s_i).abs()
-        better = gap < best_gap
-        best_pj = torch.where(better, cand, best_pj)
-        best_gap = torch.where(better, gap, best_gap)
-        cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
-    nudge = torch.arange(ri.shape[0], device=ri.device) % 3
-    best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
-    return torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
 
 
 def check_near_ties(n_rows: int, log) -> dict:
@@ -269,7 +235,7 @@ def check_cpu_reference(n_rows: int) -> dict:
     mism_h = mism_i = rows = 0
     for V, step, kind in [(151936, 0, "dense"), (163840, 5, "topk1000"), (32000, 2, "flat"), (4099, 7, "dense")]:
         B = max(1, n_rows // 4)
-        probs = _rand_probs(kind, B, V, 1.0, g)
+        probs = rand_probs(kind, B, V, 1.0, g)
         seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
         pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
         hg = upstream_draft_hashes(seeds, pos, step, V)

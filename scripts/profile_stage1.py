@@ -8,23 +8,20 @@ Nsight Compute (the stage-1 kernel is where the time goes; no SGLang needed):
         python3 scripts/profile_stage1.py base b2k ...
 
 Add ``--page raw`` and grep ``pipe_.*_cycles_active`` / ``issue_stalled`` for pipe utilisation and stall
-reasons.  Config names are those of scripts/bench_kernel_variants.py.
+reasons.  Config names are those of ``sglang_detspec.benchmark.LAUNCH_VARIANTS`` (scripts/bench_kernel_variants.py).
 """
 
 import os
 import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, here)
-sys.path.insert(0, os.path.join(here, ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
-import bench_kernel_variants as bkv  # noqa: E402
 from sglang_detspec import benchmark  # noqa: E402
 
 probs, seeds, pos = benchmark.make_inputs(128, 163840, torch.device("cuda"))
-fns = [(n, bkv._launch_fn(n)) for n in sys.argv[1:]]
+fns = [(n, benchmark.launch_variant(n)) for n in sys.argv[1:]]
 for _, fn in fns:  # compile and warm up outside the profiled range
     fn(probs, seeds, pos, 1)
 torch.cuda.synchronize()

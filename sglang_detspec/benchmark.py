@@ -176,6 +176,70 @@ def run(out_dir: Path, quick: bool = False, calls_per_graph: int = 10, replays: 
     return rows
 
 
+# ------------------------------------------------------------------------------ shared by the GPU checks
+# Launch variants compared by scripts/bench_kernel_variants.py (and profiled by scripts/profile_stage1.py):
+# name -> the LaunchConfig used when B >= 32, or None: the committed launch table.
+LAUNCH_VARIANTS = {
+    "base": None,
+    "b2k": (2048, 4, 0),
+    "r128": (4096, 4, 128),
+    "b2k_r96": (2048, 4, 96),
+    "w8": (4096, 8, 0),
+}
+
+
+def launch_variant(name: str) -> Callable:
+    """A sampler call ``fn(probs, seeds, pos, step, greedy=None)`` with the launch of ``LAUNCH_VARIANTS[name]``."""
+    from .kernels import LaunchConfig, seeded_draft_sample
+
+    over = LAUNCH_VARIANTS[name]
+    config = LaunchConfig(*over) if over is not None else None
+
+    def fn(probs, seeds, pos, step, greedy=None):
+        if config is not None and probs.shape[0] >= 32:
+            return seeded_draft_sample(probs, seeds, pos, step, greedy=greedy, config=config)
+        return seeded_draft_sample(probs, seeds, pos, step, greedy=greedy)
+
+    return fn
+
+
+def rand_probs(kind: str, B: int, V: int, temp: float, g, device=torch.device("cuda")) -> torch.Tensor:
+    """``[B, V]`` probability rows of one kind: "flat", "dense" (softmax of randn * 4 / temp), "peaked" (token 0
+    25 nats up) or "topkK" (the K largest logits kept)."""
+    if kind == "flat":
+        return torch.full((B, V), 1.0 / V, device=device)
+    logits = torch.randn(B, V, device=device, generator=g) * 4.0
+    if kind == "peaked":
+        logits[:, 0] += 25.0
+    if kind.startswith("topk"):
+        k = int(kind[4:])
+        thr = logits.topk(k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < thr, float("-inf"))
+    return torch.softmax(logits / temp, dim=-1)
+
+
+def tied_partner_prob(ri: torch.Tensor, rj: torch.Tensor, pi: torch.Tensor) -> torch.Tensor:
+    """float32 p_j whose float64 score rj * p_j ties token i's score ri * p_i as closely as float32 allows (the
+    best of the 9 ulps around the exact ratio), then nudged one ulp down in a third of the rows and one ulp up in
+    another third, so the winner flips around the tie. ``ri``/``rj`` are the 1/-log(u) factors of the two tokens."""
+    target = (pi.double() * ri / rj).float()  # p_j making the scores (nearly) equal
+    best_pj = target.clone()
+    best_gap = torch.full_like(ri, float("inf"), dtype=torch.float64)
+    s_i = ri * pi.double()
+    cand = target.clone()
+    for _ in range(4):
+        cand = torch.nextafter(cand, torch.zeros_like(cand))
+    for _ in range(9):
+        gap = (rj * cand.double() - s_i).abs()
+        better = gap < best_gap
+        best_pj = torch.where(better, cand, best_pj)
+        best_gap = torch.where(better, gap, best_gap)
+        cand = torch.nextafter(cand, torch.full_like(cand, 2.0))
+    nudge = torch.arange(ri.shape[0], device=ri.device) % 3
+    best_pj = torch.where(nudge == 1, torch.nextafter(best_pj, torch.zeros_like(best_pj)), best_pj)
+    return torch.where(nudge == 2, torch.nextafter(best_pj, torch.full_like(best_pj, 2.0)), best_pj)
+
+
 def check_bars(rows: List[Dict]) -> List[str]:
     """Human-readable PASS/FAIL lines for the issue's bars (fused rows only)."""
     out = []

@@ -40,7 +40,7 @@ Why the float32 filter is exact (the bound)
 Write ``s`` for the true real-number score ``p / E`` (``E = -ln u``), ``s64`` for upstream's float64 value
 and ``s32`` for the kernel's float32 value, the latter two rescaled by the same constant ``ln 2``.
 Claim: for every element with ``2**-120 <= p`` (and ``s32`` finite), ``|s32 - s| <= d*s`` with
-``d = 2**-12.7``, and ``|s64 - s| <= e*s`` with ``e = 2**-50``.  ``E2`` (``_neg_log2_u_f32``):
+``d = 2**-12.7``, and ``|s64 - s| <= e*s`` with ``e = 2**-50``.  ``E2`` (``neg_log2_u_f32``):
 ``u = float(h) * 2**-32 + 2**-33``, ``lg = lg2.approx(u)`` and ``E2 = -lg``, except where
 ``lg > L = log2(1 - 2**-9) + 2**-22`` (``_SERIES_LG``, rounded up): there ``E2 = (w + w^2/2) / ln 2`` with
 ``w`` formed exactly from the float bit pattern of ``2**23 + ~h`` (one FFMA).  ``lg > L`` implies
@@ -98,6 +98,7 @@ the capture.  No host synchronisation; the only allocations are the two outputs 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -107,7 +108,10 @@ import triton.language as tl
 from .. import keys
 from ..draft_contract import check_kernel_inputs
 
-__all__ = ["seeded_draft_sample", "launch_config", "INTERPRETED"]
+__all__ = [
+    "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "neg_log2_u_f32", "race_score_f32",
+    "INTERPRETED",
+]
 
 #: True when Triton runs kernels in its NumPy interpreter (``TRITON_INTERPRET=1`` set before import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -189,12 +193,13 @@ _SERIES_LG = tl.constexpr(-0.0028202806133776903)
 
 
 @triton.jit
-def _neg_log2_u_f32(h, FAST: tl.constexpr):
+def neg_log2_u_f32(h, FAST: tl.constexpr):
     """float32 -log2((h + 0.5) / 2**32), relative error < 2**-12.7 (bound in the module docstring).
 
     u is formed directly from float(h); only the top hashes (w = 1 - u < 2**-9, where float32's absolute
     error in u would dominate -log u) take a two-term series in w, and w comes exactly from the bit pattern
-    of the float 2**23 + ~h (no second int-to-float conversion).
+    of the float 2**23 + ~h (no second int-to-float conversion).  Public for scripts/gpu_kernel_checks.py,
+    which measures its error over all 2**32 hashes on the GPU.
     """
     u = h.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
     lg = _lg2_f32(u, FAST)
@@ -222,6 +227,13 @@ def _recip_f32(x, FAST: tl.constexpr):
     else:
         r = 1.0 / x
     return r
+
+
+@triton.jit
+def race_score_f32(p, h, FAST: tl.constexpr):
+    """Stage 1's float32 race score ``p * (1 / E2(h))`` of probability ``p`` and hash ``h`` (public, like
+    :func:`neg_log2_u_f32`, so that the GPU checks measure this very expression)."""
+    return p * _recip_f32(neg_log2_u_f32(h, FAST), FAST)
 
 
 @triton.jit
@@ -279,7 +291,7 @@ def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, 
         s = p
     else:
         h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
-        s = p * _recip_f32(_neg_log2_u_f32(h, FAST), FAST)
+        s = race_score_f32(p, h, FAST)
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
     return p, s
@@ -465,27 +477,33 @@ def _stage2_kernel(
     tl.store(out_p_ptr + row, tl.load(row_ptr + idx))
 
 
-# (max B*V/163840, (BLOCK, num_warps, maxnreg or 0)): the first row whose bound is >= the launch's size wins.
-# Tuned on an H200 (CUDA-graph replay, V=163840, B in 1..256): enough programs to fill the GPU at small batch,
-# long chunks (fewer per-program tails) at large batch.
-_LAUNCH_TABLE = [
-    (2.83, (1024, 4, 0)),
-    (16.0, (2048, 4, 0)),
-    (float("inf"), (4096, 4, 0)),
-]
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One compiled launch of the sampler: ``block_size`` columns per stage-1 program (a power of two >= 16),
+    ``num_warps`` per program, and a ptxas register cap ``maxnreg`` (0: none; more resident programs per SM)."""
+
+    block_size: int
+    num_warps: int
+    maxnreg: int = 0
 
 
-def _launch_entry(batch: int, vocab: int) -> Tuple[int, int, int]:
+#: (max B*V/163840, LaunchConfig): the first row whose bound is >= the launch's size wins.  Tuned on an H200
+#: (CUDA-graph replay, V=163840, B in 1..256): enough programs to fill the GPU at small batch, long chunks
+#: (fewer per-program tails) at large batch.
+LAUNCH_TABLE: Tuple[Tuple[float, LaunchConfig], ...] = (
+    (2.83, LaunchConfig(1024, 4)),
+    (16.0, LaunchConfig(2048, 4)),
+    (float("inf"), LaunchConfig(4096, 4)),
+)
+
+
+def launch_options(batch: int, vocab: int) -> LaunchConfig:
+    """The tuned launch for a ``[batch, vocab]`` draw (what :func:`seeded_draft_sample` uses by default)."""
     size = batch * vocab / 163840
-    for bound, cfg in _LAUNCH_TABLE:
+    for bound, config in LAUNCH_TABLE:
         if size <= bound:
-            return cfg
-    return _LAUNCH_TABLE[-1][1]
-
-
-def launch_config(batch: int, vocab: int) -> Tuple[int, int]:
-    """(BLOCK, num_warps) of a compiled launch: one program per BLOCK columns of one row."""
-    return _launch_entry(batch, vocab)[:2]
+            return config
+    return LAUNCH_TABLE[-1][1]
 
 
 def seeded_draft_sample(
@@ -497,6 +515,7 @@ def seeded_draft_sample(
     greedy: Optional[torch.Tensor] = None,
     block_size: Optional[int] = None,
     num_warps: Optional[int] = None,
+    config: Optional[LaunchConfig] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Seeded draft draw, bit-identical to SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=,
     positions=, draft_step=)``; returns ``(probs.gather(1, idx) [B, 1] float32, idx [B, 1] int64)``.
@@ -509,8 +528,9 @@ def seeded_draft_sample(
         draft_step: non-negative Python int with ``draft_step * V + V <= 2**32``.
         greedy: optional ``[B]`` bool; True rows return the first argmax of ``probs`` (upstream's
             ``top_ks <= 1`` override) instead of a random draw.
-        block_size / num_warps: launch overrides (``block_size``: columns per program, a power of two
-            >= 16; defaults from :func:`launch_config`); the interpreter runs much faster with large blocks.
+        config: the launch (benchmarks compare launches this way); default :func:`launch_options`, except
+            that the interpreter, which runs much faster with large blocks, picks wider ones.
+        block_size / num_warps: overrides of the chosen launch's ``block_size`` / ``num_warps``.
 
     Degenerate rows (same answer as upstream's ``torch.argmax``, so toggling the plugin never changes a
     token): an all-zero row returns token 0; a row containing NaN returns its first NaN index; +inf
@@ -520,22 +540,21 @@ def seeded_draft_sample(
     replays.  ``draft_step`` and the shapes are fixed at capture.  Never synchronises with the host.
     """
     check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy, interpreted=INTERPRETED)
-    return _launch(probs, sampling_seed, positions, int(draft_step), greedy, block_size, num_warps)
+    return _launch(probs, sampling_seed, positions, int(draft_step), greedy, config, block_size, num_warps)
 
 
-def _launch(probs, sampling_seed, positions, draft_step, greedy, block_size=None, num_warps=None, maxnreg=None):
-    """Launch on validated inputs (the variant benchmark calls it with launch overrides)."""
+def _launch(probs, sampling_seed, positions, draft_step, greedy, config, block_size, num_warps):
+    """Launch on validated inputs."""
     B, V = probs.shape
     out_p = torch.empty((B, 1), dtype=torch.float32, device=probs.device)
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    block, warps, nreg = _launch_entry(B, V)
-    if maxnreg is not None:
-        nreg = int(maxnreg)
+    chosen = config if config is not None else launch_options(B, V)
+    block, warps, nreg = int(chosen.block_size), int(chosen.num_warps), int(chosen.maxnreg)
     # register cap (ptxas maxnreg): more resident programs per SM; not an interpreter option
     opts = {"maxnreg": nreg} if nreg and not INTERPRETED else {}
-    if INTERPRETED:
+    if INTERPRETED and config is None:
         # the interpreter executes each program in NumPy: fewer, wider programs are much faster
         block = max(1024, min(8192, triton.next_power_of_2(V)))
     if block_size is not None:

@@ -212,6 +212,19 @@ def test_validation_errors():
         kernel_sample(probs, seeds, pos, block_size=48)
 
 
+def test_a_launch_config_chooses_the_launch_and_keeps_the_stream():
+    """Benchmarks pick launches through the public LaunchConfig: the draw is the reference's whatever the
+    launch, and the config really reaches the launch (an invalid block size in it is refused)."""
+    from sglang_detspec.kernels import LaunchConfig
+
+    probs, seeds, pos = _inputs(5, 700, seed=41)
+    want = _ref(probs, seeds, pos, 2, None)[1]
+    for config in (LaunchConfig(block_size=64, num_warps=2), LaunchConfig(block_size=1024, num_warps=4, maxnreg=96)):
+        assert torch.equal(kernel_sample(probs, seeds, pos, 2, config=config)[1].cpu(), want)
+    with pytest.raises(ValueError, match="power of two"):
+        kernel_sample(probs, seeds, pos, 2, config=LaunchConfig(block_size=48, num_warps=4))
+
+
 def test_cpu_tensors_without_interpreter_raise():
     """Without TRITON_INTERPRET the kernel refuses CPU tensors and points at the reference. The variable is read
     when the kernel module is imported and conftest sets it for this process, so a fresh one runs without it."""
@@ -313,7 +326,7 @@ def test_neg_log2_u_bound_on_the_region_boundaries():
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < N
         h = tl.load(h_ptr + offs, mask=m, other=0).to(tl.uint32)
-        tl.store(out_ptr + offs, _SDS._neg_log2_u_f32(h, False), mask=m)
+        tl.store(out_ptr + offs, _SDS.neg_log2_u_f32(h, False), mask=m)
 
     w = 1 << 14
     starts = [0, 2**31 - w, 2**32 - 2**23 - w, 2**32 - 2 * w]
