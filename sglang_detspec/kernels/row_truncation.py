@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..reference import TRUNCATION_FIXED_POINT_BITS, truncation_out_is_input, validate_truncation_inputs
+from ..truncation_contract import TRUNCATION_FIXED_POINT_BITS, truncation_out_is_input, validate_truncation_inputs
 
 __all__ = ["truncate_probs_triton", "INTERPRETED"]
 
