@@ -83,6 +83,12 @@ traffic profiles (--traffic, comma-separated; default: all):
            n=2 and varied lengths; the probe arrives before, during or after their prefill
   long     prompts longer than the server's chunked-prefill size (up to its context length)
   prefix   cold radix cache, warm from the probe's own or a longer shared prompt, after /flush_cache
+  pressure (only when named; not in all) the probe sent just after enough long requests to overflow the
+           server's KV pool twice, so SGLang retracts it and re-prefills it later; needs a small pool
+           (e.g. --max-total-tokens 4096) and a probe of a few hundred tokens (--max-new-tokens 256); each
+           trial reports whether the probe (meta_info.num_retractions) or another request (also /metrics
+           with --enable-metrics) was retracted; a trial without retraction is no evidence;
+           --max-fillers does not apply (the load is sized from the server's limits)
 Trial 0 of every profile is the probe alone; prefix runs 6 trials, the others --trials each.
 
 examples:
@@ -90,9 +96,11 @@ examples:
   {PROG} check --url localhost:30000 --traffic uniform,long --trials 32 --report check.json
   {PROG} check --url localhost:30000 --seeds 1,2,3,4   # also: distinct seeds give distinct outputs
   {PROG} check --url localhost:30000 --wait 600        # wait for a server that is still starting
+  {PROG} check --url localhost:30000 --traffic pressure --trials 12 --max-new-tokens 256
 
 Works with any SGLang server, with or without the plugin.
-exit codes: 0 every trial of every profile matched (and distinct seeds differed); 1 they did not; 2 could not check.
+exit codes: 0 every trial of every profile matched (and distinct seeds differed); 1 they did not; 2 could not check;
+  3 inconclusive: everything matched, but no pressure trial retracted the probe.
 """
 
 _BENCH_EPILOG = f"""\
@@ -210,7 +218,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         except OSError as e:
             raise CliError(f"cannot write the report {args.report}: {e.strerror or e}") from e
         print(f"report:  {args.report}")
-    return EXIT_OK if result.passed else EXIT_FAIL
+    if result.passed:
+        return EXIT_OK
+    return checker.EXIT_INCONCLUSIVE if result.inconclusive else EXIT_FAIL
 
 
 def _load_benchmark():
@@ -303,8 +313,8 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
 def _add_check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", required=True, type=_url, help="the server, http://HOST:PORT, e.g. http://127.0.0.1:30000")
     p.add_argument("--traffic", type=_traffic, default=checker.PROFILES, metavar="PROFILES",
-                   help=f"traffic profiles to run: {', '.join(checker.PROFILES)} or all, comma-separated "
-                   "(default: all)")
+                   help=f"traffic profiles to run: {', '.join(checker.KNOWN_PROFILES)} or all "
+                   f"({', '.join(checker.PROFILES)}), comma-separated (default: all)")
     p.add_argument("--trials", type=int, default=checker.DEFAULT_TRIALS,
                    help="probe trials per profile (prefix: always 6), >= 2 (default: %(default)s)")
     p.add_argument("--seed", type=int, default=checker.DEFAULT_SEED, help="the probe's sampling_seed (default: %(default)s)")

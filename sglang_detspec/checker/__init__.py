@@ -1,7 +1,8 @@
 """``sglang-detspec check``: does a seeded probe give one output whatever the traffic around it?
 
 * :mod:`.client`  -- ``--url`` validation, the HTTP client, server info, waiting for ``/health``;
-* :mod:`.traffic` -- the traffic profiles (uniform, mixed, long, prefix): which fillers, when the probe goes;
+* :mod:`.traffic` -- the traffic profiles (uniform, mixed, long, prefix; opt-in pressure): which fillers, when the
+  probe goes;
 * :mod:`.run`     -- running the trials, comparing the probe's outputs, the first divergence;
 * :mod:`.report`  -- the result dataclasses, the JSON report, the printed text.
 
@@ -9,7 +10,7 @@ It talks HTTP only (``requests``) and never imports SGLang, so it checks any SGL
 """
 
 from sglang_detspec.checker.client import ServerInfo, ServerUnreachable, parse_server_url
-from sglang_detspec.checker.report import CheckResult, format_check
+from sglang_detspec.checker.report import EXIT_INCONCLUSIVE, CheckResult, format_check
 from sglang_detspec.checker.run import (
     DEFAULT_MAX_FILLERS,
     DEFAULT_MAX_NEW_TOKENS,
@@ -18,9 +19,10 @@ from sglang_detspec.checker.run import (
     DEFAULT_TRIALS,
     run_check,
 )
-from sglang_detspec.checker.traffic import PROFILES, parse_traffic
+from sglang_detspec.checker.traffic import KNOWN_PROFILES, PROFILES, parse_traffic
 
 __all__ = [
     "CheckResult", "ServerInfo", "ServerUnreachable", "format_check", "parse_server_url", "parse_traffic", "run_check",
-    "PROFILES", "DEFAULT_MAX_FILLERS", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_PROMPT", "DEFAULT_SEED", "DEFAULT_TRIALS",
+    "PROFILES", "KNOWN_PROFILES", "EXIT_INCONCLUSIVE",
+    "DEFAULT_MAX_FILLERS", "DEFAULT_MAX_NEW_TOKENS", "DEFAULT_PROMPT", "DEFAULT_SEED", "DEFAULT_TRIALS",
 ]

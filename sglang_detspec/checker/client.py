@@ -272,6 +272,7 @@ class ServerInfo:
     max_req_input_len: int | None = None
     max_total_num_tokens: int | None = None
     disable_radix_cache: bool | None = None
+    max_running_requests: int | None = None  # what the scheduler runs at once (the pressure profile sizes by it)
 
     @property
     def plugin_active(self) -> bool:
@@ -345,7 +346,58 @@ def _parse_server_info(endpoint: str, data: dict) -> ServerInfo:
         max_req_input_len=_int_or_none(data.get("max_req_input_len")),
         max_total_num_tokens=_int_or_none(data.get("max_total_num_tokens")),
         disable_radix_cache=bool(radix_off) if radix_off is not None else None,
+        max_running_requests=_max_running_requests(data),
     )
+
+
+def _max_running_requests(data: dict) -> int | None:
+    """The scheduler's own limit, ``internal_states[i]["effective_max_running_requests_per_dp"]`` (0.5.17 and 0.5.23:
+    scheduler.get_internal_state), else the server argument ``max_running_requests`` (None when not given)."""
+    states = data.get("internal_states")
+    if isinstance(states, list):
+        vals = [_int_or_none(st.get("effective_max_running_requests_per_dp")) for st in states if isinstance(st, dict)]
+        vals = [v for v in vals if v]
+        if vals:
+            return min(vals)
+    return _int_or_none(data.get("max_running_requests")) or None
+
+
+#: SGLang's Prometheus counter of retracted requests (observability/metrics_collector.py in 0.5.17 and 0.5.23,
+#: incremented by the scheduler's decode retraction); ``/metrics`` exists only with ``--enable-metrics``.
+RETRACTED_REQUESTS_METRIC = "sglang:num_retracted_requests_total"
+
+
+def parse_metric_total(text: str, name: str) -> int | None:
+    """The sum of every sample of ``name`` (all label sets) in Prometheus text, or None when there is none."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric = head.split("{", 1)[0].strip()
+        if metric != name:
+            continue  # e.g. the counter's ..._created sample
+        try:
+            total += float(value)
+        except ValueError:
+            continue
+        seen = True
+    return int(total) if seen else None
+
+
+def retracted_requests_total(client: Client) -> int | None:
+    """The server's retraction counter from ``/metrics``; None when it has no metrics (no --enable-metrics) or
+    reports no such counter. Only an observation: never fails the check."""
+    try:
+        resp = client.request("GET", "/metrics")
+    except CliError:
+        return None
+    if resp.status_code != 200:
+        return None
+    text = resp.text or ""
+    total = parse_metric_total(text, RETRACTED_REQUESTS_METRIC)
+    # A labelled counter has no sample until its first increment: SGLang's other metrics there mean "none yet".
+    return 0 if total is None and "sglang:" in text else total
 
 
 def _avg_accept_length(data: dict) -> float | None:

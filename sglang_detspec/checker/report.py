@@ -9,6 +9,10 @@ from sglang_detspec.checker.client import ServerInfo
 from sglang_detspec.checker.logprobs import LogprobCheck, format_logprob_line
 from sglang_detspec.command_base import PROG
 
+# ``check``'s exit code when every output matched but a pressure profile never saw the probe retracted: the run is
+# no evidence about retraction either way (0 ok, 1 fail, 2 could not check are command_base's).
+EXIT_INCONCLUSIVE = 3
+
 
 @dataclass
 class FillerRecord:
@@ -21,6 +25,7 @@ class FillerRecord:
     prompt_tokens: int | None = None
     streamed: bool = False
     delay_fraction: float = 0.0
+    num_retractions: int | None = None  # meta_info.num_retractions: how often SGLang retracted it
 
 
 @dataclass
@@ -47,6 +52,19 @@ class Trial:
     spec_accept_length: float | None = None
     output_logprobs: list[float] | None = None  # with --logprobs: meta_info.output_token_logprobs' values
     output_top_logprobs: list[list[tuple[float, int]]] | None = None  # and the top logprobs (logprob, id)
+    # Retraction (SGLang 0.5.17/0.5.23 report meta_info.num_retractions on every request; None: not reported).
+    num_retractions: int | None = None  # the probe's
+    filler_retractions: int | None = None  # its fillers' together
+    server_retractions: int | None = None  # /metrics sglang:num_retracted_requests_total over the trial
+    probe_delay_fraction: float = 0.0
+
+    @property
+    def probe_retracted(self) -> bool:
+        return bool(self.num_retractions)
+
+    @property
+    def any_retracted(self) -> bool:
+        return self.probe_retracted or bool(self.filler_retractions) or bool(self.server_retractions)
 
 
 def output_key(trial: Trial, use_ids: bool):
@@ -75,10 +93,19 @@ class ProfileResult:
     divergence: Divergence | None  # the earliest one among them
     probe_accept_length: float | None
     notes: list[str] = field(default_factory=list)
+    # The pressure profile's trials next to its load (Trial.index), by the retraction the server reported.
+    probe_retracted_trials: list[int] | None = None
+    other_retraction_trials: list[int] | None = None  # another request was retracted, the probe was not
+    no_retraction_trials: list[int] | None = None  # no evidence: the load did not overflow the pool
 
     @property
     def passed(self) -> bool:
         return not self.differing_trials
+
+    @property
+    def inconclusive(self) -> bool:
+        """A pressure profile whose probe was never retracted says nothing about retraction."""
+        return self.probe_retracted_trials is not None and not self.probe_retracted_trials
 
 
 @dataclass
@@ -122,9 +149,18 @@ class CheckResult:
         return self.unique_outputs == 1
 
     @property
-    def passed(self) -> bool:
+    def all_matched(self) -> bool:
         return (self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
                 and (self.logprobs_check is None or self.logprobs_check.passed))
+
+    @property
+    def inconclusive(self) -> bool:
+        """Everything matched, but a pressure profile never saw its probe retracted (exit EXIT_INCONCLUSIVE)."""
+        return self.all_matched and any(p.inconclusive for p in self.profiles)
+
+    @property
+    def passed(self) -> bool:
+        return self.all_matched and not self.inconclusive
 
     @property
     def differing_trials(self) -> list[int]:
@@ -141,12 +177,14 @@ class CheckResult:
         d = asdict(self)
         for p, pd in zip(self.profiles, d["profiles"]):
             pd["passed"] = p.passed
+            pd["inconclusive"] = p.inconclusive
         d = {
             "tool": f"{PROG} check",
             "tool_version": __version__,
             **d,
             "deterministic": self.deterministic,
             "passed": self.passed,
+            "inconclusive": self.inconclusive,
             "probe_accept_length": self.probe_accept_length,
             "differing_trials": self.differing_trials,
         }
@@ -196,9 +234,36 @@ def _profile_setup(result: CheckResult, p: ProfileResult) -> str:
         chunk = result.server.chunked_prefill_size
         size = f"chunked prefill {chunk}" if chunk and chunk > 0 else "chunked prefill off"
         return f"next to prompts of {_range(counted) if counted else '?'} tokens ({size})"
+    if p.name == "pressure":
+        loaded = [t for t in trials if t.fillers]
+        if not loaded:
+            return "no trial next to its load"
+        delays = "/".join(f"{d:g}" for d in dict.fromkeys(t.probe_delay_fraction for t in loaded))
+        return (f"{_range([t.fillers for t in loaded])} KV-filling requests of {_range(_flat_max_new(loaded))} new "
+                f"tokens (KV pool {result.server.max_total_num_tokens or '?'} tokens), the probe {delays} of its "
+                "solo time after them")
     cached = [t.cached_tokens for t in trials if t.cached_tokens is not None]
     return ("cold, warm and half-warm radix cache, after /flush_cache"
             + (f" (cached prompt tokens {_range(cached)})" if cached else ""))
+
+
+def _flat_max_new(trials: list[Trial]) -> list[int]:
+    return [n for t in trials for n in t.filler_max_new_tokens] or [0]
+
+
+def _indices(values: list[int]) -> str:
+    return ", ".join(map(str, values)) if values else "none"
+
+
+def _retraction_text(result: CheckResult, p: ProfileResult) -> str:
+    loaded = len(p.probe_retracted_trials) + len(p.other_retraction_trials) + len(p.no_retraction_trials)
+    text = (f"probe retracted in {len(p.probe_retracted_trials)} of {loaded} loaded trials "
+            f"({_indices(p.probe_retracted_trials)})")
+    if p.other_retraction_trials:
+        text += f"; only other requests retracted in trials {_indices(p.other_retraction_trials)}"
+    if p.no_retraction_trials:
+        text += f"; no retraction (no evidence) in trials {_indices(p.no_retraction_trials)}"
+    return text + ("; INCONCLUSIVE: the probe was never retracted" if p.inconclusive else "")
 
 
 def _profile_lines(result: CheckResult, p: ProfileResult) -> list[str]:
@@ -213,6 +278,8 @@ def _profile_lines(result: CheckResult, p: ProfileResult) -> list[str]:
                  f"({_where(result, d.trial)} has {_show(d.unit, d.got)}, the reference {_show(d.unit, d.expected)})")
     if p.probe_accept_length is not None:
         line += f"; accept {p.probe_accept_length:.2f}"
+    if p.probe_retracted_trials is not None:
+        line += f"; {_retraction_text(result, p)}"
     return [line, f"         {_profile_setup(result, p)}"]
 
 
@@ -261,7 +328,11 @@ def format_check(result: CheckResult) -> str:
     if lc is not None:
         lines.append(format_logprob_line(lc))
     traffic = ", ".join(result.traffic)
-    if result.passed:
+    if result.inconclusive:
+        lines.append("INCONCLUSIVE: the seeded probe gave one output, but no pressure trial retracted it, so this run "
+                     "says nothing about retraction (serve with a smaller --max-total-tokens, or a longer probe: "
+                     "--max-new-tokens)")
+    elif result.passed:
         lines.append(f"PASS: the seeded probe gave one output whatever the traffic ({traffic})" + (
             ", with bit-identical logprobs" if lc is not None else "") + (
             ", and distinct seeds gave distinct outputs" if sc is not None else ""))

@@ -17,7 +17,15 @@ from typing import Sequence
 
 from sglang_detspec.checker import logprobs as lp
 from sglang_detspec.checker import traffic as tr
-from sglang_detspec.checker.client import Client, ServerInfo, ServerUnreachable, connect, fetch_server_info, float_or_none
+from sglang_detspec.checker.client import (
+    Client,
+    ServerInfo,
+    ServerUnreachable,
+    connect,
+    fetch_server_info,
+    float_or_none,
+    retracted_requests_total,
+)
 from sglang_detspec.checker.progress import ProgressBar
 from sglang_detspec.checker.report import (
     CheckResult,
@@ -67,6 +75,9 @@ def _to_trial(index: int, plan: tr.TrialPlan, seed: int, body: dict, fillers: li
         prompt_tokens=_int(meta.get("prompt_tokens")), cached_tokens=_int(meta.get("cached_tokens")),
         spec_verify_ct=verify_ct, spec_accept_length=accept,
         output_logprobs=lp.parse_token_logprobs(meta), output_top_logprobs=lp.parse_top_logprobs(meta),
+        num_retractions=_int(meta.get("num_retractions")), probe_delay_fraction=plan.probe_delay_fraction,
+        filler_retractions=sum(counted) if (counted := [f.num_retractions for f in fillers
+                                                        if f.num_retractions is not None]) else None,
     )
 
 
@@ -85,6 +96,17 @@ class _TrialRunner:
         start = time.monotonic()
         body = self.client.generate(self.probe)[0]
         return body, time.monotonic() - start
+
+    def _started_generate(self, started: threading.Semaphore, body: dict) -> list[dict]:
+        started.release()
+        return self.client.generate(body)
+
+    def _probe_after(self, started: threading.Semaphore, fillers: int, delay_s: float) -> tuple[dict, float]:
+        """The probe once every filler's thread is sending (the pool has a worker for each), and ``delay_s`` later."""
+        for _ in range(fillers):
+            started.acquire()
+        time.sleep(delay_s)
+        return self._timed_probe()
 
     def _delayed(self, delay_s: float, body: dict) -> list[dict]:
         time.sleep(delay_s)
@@ -106,6 +128,13 @@ class _TrialRunner:
             futures = [submit(self.client.generate, f.payload) for f in fillers[:half]]
             probe = submit(self._timed_probe)
             futures += [submit(self.client.generate, f.payload) for f in fillers[half:]]
+        elif plan.arrival == tr.UNDER_PRESSURE:
+            # Every filler is queued first, so the probe is the youngest request: SGLang retracts the running
+            # request with the fewest output tokens first.
+            started = threading.Semaphore(0)
+            futures = [submit(self._started_generate, started, f.payload) for f in fillers]
+            probe = submit(self._probe_after, started, len(fillers),
+                           tr.PRESSURE_MIN_DELAY_S + plan.probe_delay_fraction * self.solo_s)
         elif plan.arrival == tr.BEFORE:
             probe = submit(self._timed_probe)
             futures = [submit(self._delayed, f.delay_fraction * self.solo_s, f.payload) for f in fillers]
@@ -136,7 +165,8 @@ def _filler_record(filler: tr.Filler, answer: list[dict] | dict) -> FillerRecord
     extra = {k: v for k, v in filler.payload.items() if k not in ("text", "sampling_params")}
     return FillerRecord(kind=filler.kind, prompt_words=filler.prompt_words, max_new_tokens=sp["max_new_tokens"],
                         sampling_params={**sp, **extra}, prompt_tokens=_int(_meta(first).get("prompt_tokens")),
-                        streamed=filler.stream, delay_fraction=filler.delay_fraction)
+                        streamed=filler.stream, delay_fraction=filler.delay_fraction,
+                        num_retractions=_int(_meta(first).get("num_retractions")))
 
 
 def _tokens_per_word(client: Client, rng: random.Random) -> float:
@@ -149,13 +179,23 @@ def _tokens_per_word(client: Client, rng: random.Random) -> float:
 
 
 def _plans(profile: str, *, client: Client, server: ServerInfo, prompt: str, trials: int, max_fillers: int,
-           max_new_tokens: int, rng: random.Random) -> tuple[list[tr.TrialPlan], tr.LongLengths | None]:
+           max_new_tokens: int, rng: random.Random) -> tuple[list[tr.TrialPlan], tr.LongLengths | list[str] | None]:
+    """A profile's plans, and what sized them: the long profile's LongLengths, the pressure profile's notes."""
     if profile == "uniform":
         return tr.uniform_plan(trials, max_fillers, max_new_tokens, rng), None
     if profile == "mixed":
         return tr.mixed_plan(trials, max_fillers, max_new_tokens, rng), None
     if profile == "prefix":
         return tr.prefix_plan(prompt, max_new_tokens, rng), None
+    if profile == "pressure":
+        ratio = _tokens_per_word(client, rng)
+        try:
+            load = tr.pressure_load(max_total_num_tokens=server.max_total_num_tokens,
+                                    max_running_requests=server.max_running_requests, probe_new_tokens=max_new_tokens,
+                                    filler_prompt_tokens=tr.pressure_prompt_tokens(ratio))
+        except ValueError as e:
+            raise CliError(f"{e}; or leave it out of --traffic") from None
+        return tr.pressure_plan(trials, load, rng), load.notes
     lengths = tr.long_lengths(chunked_prefill_size=server.chunked_prefill_size, context_length=server.context_length,
                               max_req_input_len=server.max_req_input_len,
                               max_total_num_tokens=server.max_total_num_tokens,
@@ -180,9 +220,20 @@ def first_divergence(reference: Trial, trials: Sequence[Trial], use_ids: bool) -
     return best
 
 
+def _retraction_lists(trials: list[Trial]) -> dict:
+    """The pressure profile's loaded trials split by what the server reported about retraction."""
+    loaded = [t for t in trials if t.fillers]
+    return {
+        "probe_retracted_trials": [t.index for t in loaded if t.probe_retracted],
+        "other_retraction_trials": [t.index for t in loaded if not t.probe_retracted and t.any_retracted],
+        "no_retraction_trials": [t.index for t in loaded if not t.any_retracted],
+    }
+
+
 def _compare_profile(name: str, trials: list[Trial], reference: Trial, use_ids: bool, notes: list[str]) -> ProfileResult:
     ref = output_key(reference, use_ids)
     return ProfileResult(
+        **(_retraction_lists(trials) if name == "pressure" else {}),
         name=name, trials=[t.index for t in trials], unique_outputs=len({output_key(t, use_ids) for t in trials}),
         differing_trials=[t.index for t in trials if output_key(t, use_ids) != ref],
         divergence=first_divergence(reference, trials, use_ids), probe_accept_length=mean_accept_length(trials),
@@ -194,7 +245,15 @@ def _coverage_warnings(name: str, trials: list[Trial], lengths: tr.LongLengths |
                        server: ServerInfo) -> list[str]:
     """Where a profile's traffic could not do what it is there for (the verdict stands, the evidence is weaker)."""
     out = []
-    if lengths is not None:
+    if name == "pressure":
+        loaded = [t for t in trials if t.fillers]
+        if loaded and all(t.num_retractions is None and t.server_retractions is None for t in loaded):
+            out.append("pressure profile: the server reports neither meta_info.num_retractions nor /metrics' "
+                       "sglang:num_retracted_requests_total (--enable-metrics), so no retraction could be confirmed")
+        elif loaded and not any(t.probe_retracted for t in loaded):
+            out.append("pressure profile: no trial retracted the probe (serve with a smaller --max-total-tokens or give "
+                       "a longer --max-new-tokens); the profile is inconclusive")
+    elif lengths is not None:
         out += [f"long profile: {n}" for n in lengths.caveats]
         counted = [f.prompt_tokens for t in trials for f in t.filler_details if f.prompt_tokens is not None]
         if lengths.over_chunk and counted and max(counted) <= lengths.chunk:
@@ -214,9 +273,9 @@ def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, 
             traffic = tr.parse_traffic(traffic)
         except ValueError as e:
             raise CliError(f"--traffic: {e}") from None
-    unknown = [p for p in traffic if p not in tr.PROFILES]
+    unknown = [p for p in traffic if p not in tr.KNOWN_PROFILES]
     if unknown or not traffic:
-        raise CliError(f"--traffic: unknown or no profile {unknown}; choose from {', '.join(tr.PROFILES)}")
+        raise CliError(f"--traffic: unknown or no profile {unknown}; choose from {', '.join(tr.KNOWN_PROFILES)}")
     if trials < 2:
         raise CliError("--trials must be at least 2 (one trial has nothing to compare with)")
     if max_fillers < 0:
@@ -232,7 +291,7 @@ def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, 
     for s in [seed, *(seeds or ())]:
         if not -(2**63) <= s < 2**63:
             raise CliError(f"seed {s} is outside SGLang's sampling_seed range [-2**63, 2**63 - 1]")
-    return tuple(p for p in tr.PROFILES if p in traffic)
+    return tuple(p for p in tr.KNOWN_PROFILES if p in traffic)
 
 
 def run_check(
@@ -262,7 +321,8 @@ def run_check(
     """
     profiles = _validate(trials=trials, max_fillers=max_fillers, max_new_tokens=max_new_tokens,
                          temperature=temperature, seeds=seeds, seed=seed, traffic=traffic)
-    workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3) + 2
+    pressure_fillers = tr.PRESSURE_MAX_FILLERS if "pressure" in profiles else 0
+    workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3, pressure_fillers) + 2
     client = Client(url, timeout=timeout, api_key=api_key, pool_size=workers)
     try:
         server = connect(client, wait)
@@ -281,7 +341,7 @@ def run_check(
         probe = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                            **({"request": dict(lp.PROBE_FIELDS)} if logprobs else {}))
         results: list[Trial] = []
-        by_profile: dict[str, tuple[list[Trial], tr.LongLengths | None]] = {}
+        by_profile: dict[str, tuple[list[Trial], tr.LongLengths | list[str] | None]] = {}
         total = sum(tr.PREFIX_TRIALS if p == "prefix" else trials for p in profiles) + len(seeds or ())
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="detspec-check") as pool, \
                 ProgressBar(total, enabled=progress, stream=sys.stderr) as bar:
@@ -294,9 +354,12 @@ def run_check(
                     for plan in plans:
                         where = f"{profile} trial {plan.index} ({plan.label})"
                         bar.show(where)
+                        counted = retracted_requests_total(client) if plan.arrival == tr.UNDER_PRESSURE else None
                         body, answers = runner.run(plan)
                         fillers = [_filler_record(f, a) for f, a in zip(plan.fillers, answers)]
                         mine.append(_to_trial(len(results), plan, seed, body, fillers))
+                        if counted is not None and (after := retracted_requests_total(client)) is not None:
+                            mine[-1].server_retractions = after - counted
                         results.append(mine[-1])
                         bar.advance()
                 except CliError as e:
@@ -317,8 +380,10 @@ def run_check(
         use_ids = all(t.output_ids is not None for t in results)
         reference = results[0]
         compared = []
-        for name, (mine, lengths) in by_profile.items():
-            compared.append(_compare_profile(name, mine, reference, use_ids, lengths.notes if lengths else []))
+        for name, (mine, sizing) in by_profile.items():
+            lengths = sizing if isinstance(sizing, tr.LongLengths) else None
+            notes = lengths.notes if lengths else list(sizing or [])
+            compared.append(_compare_profile(name, mine, reference, use_ids, notes))
             warnings += _coverage_warnings(name, mine, lengths, server)
         if seeds_check is not None:
             ids_for_seeds = all(t.output_ids is not None for t in seeds_check.outputs)

@@ -14,7 +14,11 @@ of every profile is the probe alone, so each profile also measures how long the 
   server's own token counts and capped by its context length and KV pool), so prefill chunks of other
   requests interleave with the probe's decode steps;
 * ``prefix``  -- the probe with a cold radix cache, warm from its own earlier run, warm from a longer filler
-  sharing its prompt (whole or half), next to prefix-sharing fillers, and cold again after ``/flush_cache``.
+  sharing its prompt (whole or half), next to prefix-sharing fillers, and cold again after ``/flush_cache``;
+* ``pressure`` (opt-in, not in ``all``: it needs a server with a small KV pool, e.g. ``--max-total-tokens 4096``)
+  -- the probe sent just after enough long fillers to overflow the KV pool about twice (sized from the server's
+  ``max_total_num_tokens`` and ``max_running_requests``), so SGLang retracts running requests and re-prefills
+  them later; the youngest running request (fewest output tokens) is retracted first, which the late probe is.
 
 Plans are deterministic given the trial index and ``plan_seed`` (a ``random.Random``); only the ``before``
 delays scale with the probe's measured solo time. This module builds plans; :mod:`.run` sends them.
@@ -25,7 +29,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-PROFILES = ("uniform", "mixed", "long", "prefix")
+PROFILES = ("uniform", "mixed", "long", "prefix")  # what ``all`` (and the default) runs
+# Profiles only run when named: pressure needs a server sized for it (a KV pool small enough to exhaust).
+OPT_IN_PROFILES = ("pressure",)
+KNOWN_PROFILES = PROFILES + OPT_IN_PROFILES
 
 # How the probe is timed against a trial's fillers.
 ALONE = "alone"  # no fillers
@@ -33,6 +40,7 @@ DURING = "during"  # submitted amid the fillers: its prefill shares batches with
 BEFORE = "before"  # sent first; the fillers follow while it decodes (at fractions of its solo time)
 AFTER = "after"  # sent once every streamed filler produced its first token (their prefill is over)
 WARMED = "warmed"  # the fillers ran to completion first; they only left their prefixes in the radix cache
+UNDER_PRESSURE = "under pressure"  # sent after the fillers that overflow the KV pool (at a fraction of its solo time)
 
 PREFIX_TRIALS = 6
 # Chunk size assumed where the server reports none (or -1: chunked prefill off): long prompts still matter.
@@ -70,18 +78,18 @@ _MIXED_ARRIVALS = (BEFORE, DURING, AFTER)
 def parse_traffic(text: str) -> tuple[str, ...]:
     """``--traffic`` value -> profile names in their canonical run order; raises ValueError naming the fix."""
     names = [x.strip().lower() for x in text.split(",")]
-    choices = ", ".join((*PROFILES, "all"))
+    choices = ", ".join((*KNOWN_PROFILES, "all"))
     if not any(names) or any(not n for n in names):
         raise ValueError(f"expected comma-separated profile names ({choices}), got {text!r}")
     picked = set()
     for n in names:
         if n == "all":
             picked.update(PROFILES)
-        elif n in PROFILES:
+        elif n in KNOWN_PROFILES:
             picked.add(n)
         else:
             raise ValueError(f"unknown traffic profile {n!r}; choose from {choices} (comma-separated)")
-    return tuple(p for p in PROFILES if p in picked)
+    return tuple(p for p in KNOWN_PROFILES if p in picked)
 
 
 def payload(text: str, *, max_new_tokens: int, seed: int, temperature: float = 1.0, **fields) -> dict:
@@ -115,6 +123,7 @@ class TrialPlan:
     fillers: list[Filler] = field(default_factory=list)
     flush_cache_first: bool = False
     label: str = ""
+    probe_delay_fraction: float = 0.0  # UNDER_PRESSURE: the probe follows its fillers this fraction of its solo time
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -269,3 +278,77 @@ def prefix_plan(prompt: str, max_new_tokens: int, rng: random.Random) -> list[Tr
                   label="next to fillers sharing its prompt, cold cache"),
         TrialPlan("prefix", 5, ALONE, flush_cache_first=True, label="cold again after /flush_cache"),
     ]
+
+
+# The pressure profile: fillers ask for this many times the KV pool (prompt + output tokens), so that SGLang's
+# admission (which reserves only a decaying fraction of each request's max_new_tokens) over-commits the pool
+# and decode runs out of KV slots; below the minimum, exhaustion is not certain and the profile is refused.
+PRESSURE_OVERCOMMIT = 2.0
+PRESSURE_MIN_OVERCOMMIT = 1.25
+PRESSURE_MAX_FILLERS = 64  # also the cap where the server reports no max_running_requests
+PRESSURE_PROMPT_WORDS = 12
+# The probe's delay after its fillers, in fractions of its solo time: it arrives as the youngest request (SGLang
+# retracts the running request with the fewest output tokens first), at different points of their decode.
+PRESSURE_DELAYS = (0.0, 0.05, 0.15, 0.3)
+# ... plus this many seconds, so that every filler's request (sent from a thread pool) reaches the server first.
+PRESSURE_MIN_DELAY_S = 0.1
+
+
+@dataclass
+class PressureLoad:
+    """How many fillers of how many tokens the pressure profile sends, and from which server limits."""
+
+    fillers: int
+    filler_new_tokens: int
+    filler_prompt_tokens: int  # estimated from the measured tokens per word
+    pool_tokens: int  # the server's max_total_num_tokens
+    max_running_requests: int | None
+    demand_tokens: int  # prompt + output tokens of one trial's fillers and the probe together
+    notes: list[str]
+
+
+def pressure_load(*, max_total_num_tokens: int | None, max_running_requests: int | None, probe_new_tokens: int,
+                  filler_prompt_tokens: int) -> PressureLoad:
+    """Size the pressure trials to ask for :data:`PRESSURE_OVERCOMMIT` times the KV pool; ValueError (naming the
+    server flag or the option that fixes it) where this server's limits cannot overflow its pool."""
+    if not max_total_num_tokens:
+        raise ValueError("the server reports no max_total_num_tokens, which the pressure profile sizes its load by")
+    per_request = filler_prompt_tokens + probe_new_tokens
+    cap = min(PRESSURE_MAX_FILLERS, max_running_requests - 1 if max_running_requests else PRESSURE_MAX_FILLERS)
+    fillers = max(0, min(cap, -(-int(PRESSURE_OVERCOMMIT * max_total_num_tokens) // per_request)))
+    demand = (fillers + 1) * per_request
+    if fillers < 2 or demand < PRESSURE_MIN_OVERCOMMIT * max_total_num_tokens:
+        longer = -(-int(PRESSURE_OVERCOMMIT * max_total_num_tokens) // max(2, cap + 1)) - filler_prompt_tokens
+        running = f"max_running_requests {max_running_requests}" if max_running_requests else "no reported limit"
+        raise ValueError(
+            f"{fillers} fillers of {per_request} tokens next to the probe (the most this server runs at once less "
+            f"one for the probe, capped at {PRESSURE_MAX_FILLERS}; {running}) ask for {demand} tokens, too few to "
+            f"overflow its KV pool of {max_total_num_tokens} tokens (max_total_num_tokens): serve it with "
+            f"--max-total-tokens {max(256, demand // 2)} or less, or give the probe --max-new-tokens {longer} or more")
+    notes = [f"pressure: {fillers} fillers of ~{filler_prompt_tokens} prompt + {probe_new_tokens} new tokens and the "
+             f"probe ask for {demand} tokens of a {max_total_num_tokens}-token KV pool "
+             f"({demand / max_total_num_tokens:.1f}x; max_running_requests {max_running_requests or '?'})"]
+    return PressureLoad(fillers, probe_new_tokens, filler_prompt_tokens, max_total_num_tokens, max_running_requests,
+                        demand, notes)
+
+
+def pressure_prompt_tokens(tokens_per_word: float) -> int:
+    """The estimated prompt length of a pressure filler (its "Request pressure.T.J:" head counts as two words)."""
+    return max(1, round((PRESSURE_PROMPT_WORDS + 2) * tokens_per_word))
+
+
+def pressure_plan(trials: int, load: PressureLoad, rng: random.Random) -> list[TrialPlan]:
+    """Trial 0 alone; trial t >= 1 sends ``load.fillers`` fillers at once (as long as the probe, or up to 1/8
+    longer, so the pool stays full after the probe is re-prefilled), then the probe after
+    ``PRESSURE_DELAYS[(t - 1) % 4]`` of its solo time (plus :data:`PRESSURE_MIN_DELAY_S`)."""
+    plans = [TrialPlan("pressure", 0, ALONE, label="alone")]
+    words = PRESSURE_PROMPT_WORDS
+    for t in range(1, trials):
+        delay = PRESSURE_DELAYS[(t - 1) % len(PRESSURE_DELAYS)]
+        fillers = [Filler("pressure", payload(
+            _prompt("pressure", t, j, _words(rng, words)),
+            max_new_tokens=rng.randint(load.filler_new_tokens, load.filler_new_tokens * 9 // 8),
+            seed=rng.randrange(2**31)), words) for j in range(load.fillers)]
+        plans.append(TrialPlan("pressure", t, UNDER_PRESSURE, fillers, probe_delay_fraction=delay,
+                               label=f"probe {delay:g} of its solo time after {len(fillers)} KV-filling requests"))
+    return plans

@@ -166,6 +166,11 @@ def common_args(target: Path, pair: str) -> List[str]:
 
 
 GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+#: The pressure profile's servers (tests/e2e/test_e2e_pressure.py): a KV pool small enough that 31 requests of a few
+#: hundred tokens overflow it, so SGLang retracts running requests; metrics on, for its retraction counter. These
+#: flags come after the tiny pair's own --max-total-tokens, and SGLang's parser keeps the last one.
+PRESSURE_KV_TOKENS = 4096
+PRESSURE_ARGS = ["--max-total-tokens", str(PRESSURE_KV_TOKENS), "--enable-metrics"]
 
 
 @dataclass
@@ -209,6 +214,10 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
             # sglang 0.5.17-0.5.22 refuse this combination; 0.5.23 accepts it (seeded in-tree).
             expect_exit=version_tuple(_safe_version()) < (0, 5, 23),
         ),
+        ServerSpec("detspec_eagle_pressure_graph", detspec + PRESSURE_ARGS),
+        ServerSpec("detspec_eagle_pressure_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS),
+        # The control under the same pressure: built-in EAGLE's rejection sampling draws from the global RNG.
+        ServerSpec("builtin_eagle_rs_pressure", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + PRESSURE_ARGS),
     ]
     specs += multi_layer_specs(models, pair, base)
     for spec in specs:

@@ -14,7 +14,15 @@ It speaks the endpoints the checker uses, shaped like SGLang 0.5.17/0.5.23's:
   then ``data: [DONE]``); HTTP 400 with ``{"error": {"message": ...}}`` for a malformed request or one longer
   than the context length (SGLang's checks and wording);
 * ``GET|POST /flush_cache[?timeout=S]``: empties the radix cache, waiting up to S seconds for requests in
-  flight, else HTTP 400 (SGLang flushes only when idle); 404 with ``flush_cache=False``.
+  flight, else HTTP 400 (SGLang flushes only when idle); 404 with ``flush_cache=False``;
+* ``GET /metrics`` (only with ``metrics=True``, as SGLang's ``--enable-metrics``): Prometheus text with
+  ``sglang:num_retracted_requests_total{...}`` (no sample before the first retraction, as a labelled counter).
+
+Retraction (``retraction=True``): a KV pool of ``max_total_num_tokens`` that every request in flight fills with its
+prompt and ``max_new_tokens``; when an arriving request makes them overflow it, the youngest request in flight (the
+one arriving: SGLang retracts the request with the fewest output tokens first) is retracted once.
+``meta_info.num_retractions`` reports the count on every answer (SGLang 0.5.17/0.5.23 do; ``report_retractions=False``
+leaves it out), and ``served.retractions`` lets ``diverge_if`` model a server whose retracted requests change.
 
 Prompts are "tokenized" into 3-character pieces of each word (``fake_tokenize``), so tokens per word vary
 (1 to 4 here) and the checker's own length estimates are really tested. A radix cache of every prompt since the
@@ -101,6 +109,7 @@ class Served:
     neighbours: list[dict] = field(default_factory=list)
     cached_tokens: int = 0
     cache_source: str | None = None  # "self", "other" or None (nothing cached)
+    retractions: int = 0  # times this request was retracted (retraction=True)
 
 
 def _lcp(a: list[str], b: list[str]) -> int:
@@ -137,6 +146,10 @@ class FakeSGLang:
         diverge_if: Callable[[dict, Served], bool] | None = None,
         logprobs: bool = True,
         logprob_jitter_if: Callable[[dict, Served], bool] | None = None,
+        max_running_requests: int | None = 32,
+        retraction: bool = False,
+        metrics: bool = False,
+        report_retractions: bool = True,
     ):
         self.mode = mode
         self.output_ids = output_ids
@@ -160,6 +173,11 @@ class FakeSGLang:
         self.diverge_if = diverge_if
         self.logprobs = logprobs
         self.logprob_jitter_if = logprob_jitter_if
+        self.max_running_requests = max_running_requests
+        self.retraction = retraction
+        self.metrics = metrics
+        self.report_retractions = report_retractions
+        self.retracted_total = 0
         # (path, status) of every /health, /generate and /flush_cache request, in arrival order (0: not answered)
         self.events: list[tuple[str, int]] = []
         # (monotonic time, "arrive" | "first_chunk" | "done" | "flush", request id or None, prompt or None)
@@ -252,6 +270,8 @@ class FakeSGLang:
             return self._send(h, code, b"", "text/plain")
         if url.path == "/flush_cache" and self.flush_cache:
             return self._flush(h, urllib.parse.parse_qs(url.query))
+        if method == "GET" and url.path == "/metrics" and self.metrics:
+            return self._send(h, 200, self._metrics_text().encode(), "text/plain; version=0.0.4")
         if method == "POST" and url.path == "/generate":
             with self.lock:
                 self.events.append(("/generate", 0))
@@ -270,11 +290,25 @@ class FakeSGLang:
             "max_total_num_tokens": self.max_total_num_tokens,
             "internal_states": [{"last_gen_throughput": 1.0}],
         }
+        if self.max_running_requests is not None:
+            info["internal_states"][0]["effective_max_running_requests_per_dp"] = self.max_running_requests
         if self.deterministic_flag is not None:
             info["enable_deterministic_inference"] = self.deterministic_flag
         if self.speculative_algorithm and self.report_accept_length:
             info["internal_states"][0]["avg_spec_accept_length"] = 2.5
         return info
+
+    def _metrics_text(self) -> str:
+        labels = '{model_name="/models/fake-tiny",engine_type="unified",tp_rank="0",pp_rank="0"}'
+        lines = ["# HELP sglang:num_running_reqs The number of running requests.", "# TYPE sglang:num_running_reqs gauge",
+                 f"sglang:num_running_reqs{labels} {float(self.inflight)}",
+                 "# HELP sglang:num_retracted_requests_total Total number of retracted requests.",
+                 "# TYPE sglang:num_retracted_requests_total counter"]
+        with self.lock:
+            if self.retracted_total:
+                lines += [f"sglang:num_retracted_requests_total{labels} {float(self.retracted_total)}",
+                          f"sglang:num_retracted_requests_created{labels} 1.7e9"]
+        return "\n".join(lines) + "\n"
 
     def _flush(self, h: BaseHTTPRequestHandler, query: dict) -> None:
         deadline = time.monotonic() + float(query.get("timeout", ["0"])[0])
@@ -349,7 +383,11 @@ class FakeSGLang:
             for other in self._live.values():
                 other["served"].neighbours.append(req)
                 served.neighbours.append(other["req"])
-            self._live[rid] = {"req": req, "served": served, "max_inflight": self.inflight}
+            self._live[rid] = {"req": req, "served": served, "max_inflight": self.inflight,
+                               "kv": len(tokens) + sp["max_new_tokens"]}
+            if self.retraction and sum(v["kv"] for v in self._live.values()) > self.max_total_num_tokens:
+                served.retractions += 1  # the arriving request is the youngest: fewest output tokens
+                self.retracted_total += 1
             for v in self._live.values():
                 v["max_inflight"] = max(v["max_inflight"], self.inflight)
         stream = bool(req.get("stream"))
@@ -407,6 +445,8 @@ class FakeSGLang:
             "cached_tokens": served.cached_tokens,
             "completion_tokens": n,
         }
+        if self.report_retractions:
+            meta["num_retractions"] = served.retractions
         if self.speculative_algorithm:
             meta["spec_verify_ct"] = verify_ct
             if self.report_accept_length:

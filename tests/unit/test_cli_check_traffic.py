@@ -221,7 +221,7 @@ def test_parse_traffic():
     assert parse_traffic("prefix, UNIFORM") == ("uniform", "prefix")
     assert parse_traffic("long,all,long") == tuple(ALL)
     for bad in ("", "bogus", "uniform,,mixed", " , "):
-        with pytest.raises(ValueError, match="uniform, mixed, long, prefix, all"):
+        with pytest.raises(ValueError, match="uniform, mixed, long, prefix, pressure, all"):
             parse_traffic(bad)
 
 
@@ -230,7 +230,7 @@ def test_traffic_usage_errors(value):
     proc = cli("check", "--url", "127.0.0.1:9", "--traffic", value)
     assert proc.returncode == 2
     assert "usage: sglang-detspec check" in proc.stderr and "argument --traffic:" in proc.stderr
-    assert "uniform, mixed, long, prefix, all" in proc.stderr
+    assert "uniform, mixed, long, prefix, pressure, all" in proc.stderr
 
 
 def test_mixed_without_fillers_is_refused():
