@@ -47,8 +47,11 @@ _SCRIPT = textwrap.dedent(
     if publish is not None:
         publish(plain_args, role="tokenizer")
     tm = TokenizerManager(plain_args, PortArgs.init_new(plain_args))
-    detspec_args = copy.copy(plain_args)
+    # A record of its own, not copy.copy(plain_args): on 0.5.19 the copy was not independent of the record the
+    # TokenizerManager was built with -- the plain server derived seeds too (every time; 0.5.17/18/20-23 did not).
+    detspec_args = ServerArgs(model_path=plain_args.model_path, device="cpu")
     compat.write_fields(detspec_args, "test.detspec_server", speculative_algorithm="DETSPEC_EAGLE")
+    assert compat.read_field(plain_args, "speculative_algorithm") is None
 
     sent = []
 
