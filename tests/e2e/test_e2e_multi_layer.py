@@ -2,9 +2,10 @@
 
 The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.tiny_models``, "multi-layer EAGLE"
 section: why MiMoV2MTP, ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size
--1``, ``--disable-radix-cache``: DETSPEC refuses the last two's opposites with multi-layer EAGLE). On the weighted pair (the default) its three MTP layers have seeded synthetic weights that approximate the
-target's bigram, so drafts are partly accepted (CPU estimate 2.2 of 4) and partly rejected: every MTP layer's seeded
-proposal and the residual samples reach the output.
+-1``, ``--disable-radix-cache``: DETSPEC refuses the last two's opposites with multi-layer EAGLE). On the weighted
+pair (the default) its three MTP layers have seeded synthetic weights that approximate the target's bigram, so
+drafts are partly accepted (CPU estimate 2.2 of 4) and partly rejected: every MTP layer's seeded proposal and the
+residual samples reach the output.
 
 Every DETSPEC configuration -- per-step draft-extend CUDA graphs (triton), no CUDA graphs, and the single-graph
 draft-extend runner (FlashAttention-3) -- must give one probe output under every traffic profile of
@@ -15,10 +16,7 @@ which 0.5.17 accepts with multi-layer EAGLE for topk 1, arg_groups/speculative_h
 outputs under uniform traffic. As in test_e2e_real_traffic.py it is not run under the mixed profile.
 """
 
-import json
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -93,43 +91,12 @@ DETSPEC = [n for n, (_, rc) in CHECKS.items() if rc == 0]
 CONTROLS = [n for n, (_, rc) in CHECKS.items() if rc == 1]
 
 
-def _check(srv, traffic: str, report_path) -> dict:
-    cmd = [
-        sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--traffic", traffic,
-        "--trials", str(TRIALS), "--seed", str(SEED), "--seeds", "1,2", "--wait", "120", "--timeout", "300",
-        "--report", str(report_path), "--no-progress",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-2000:], "report": report}
-
-
 @pytest.fixture(scope="module")
 def checks(e2e_pool):
-    """Run every server's check at once; record a summary per server in e2e_results.json (reports beside it)."""
-    out = h.out_dir() / "checks"
-    out.mkdir(exist_ok=True)
+    """Every server's check at once; a summary per server in e2e_results.json (reports beside it)."""
     servers = {name: e2e_pool.ready(name) for name in CHECKS}
-    with ThreadPoolExecutor(len(CHECKS)) as pool:
-        futures = {
-            name: pool.submit(_check, srv, CHECKS[name][0], out / f"{name}.json") for name, srv in servers.items()
-        }
-        results = {name: f.result() for name, f in futures.items()}
-    for name, r in results.items():
-        rep = r["report"]
-        h.record(f"check_{name}", {
-            "traffic": CHECKS[name][0],
-            "returncode": r["returncode"],
-            "unique_outputs": rep.get("unique_outputs"),
-            "profiles": {p["name"]: {"unique": p["unique_outputs"], "passed": p.get("passed"),
-                                     "accept": p.get("probe_accept_length")} for p in rep.get("profiles", [])},
-            "probe_accept_length": rep.get("probe_accept_length"),
-            "first_output_ids": (rep.get("trials") or [{}])[0].get("output_ids"),
-            "worker_log_line": WORKER_LOG_LINE in servers[name].log_text(),
-            "stdout": r["stdout"][-2500:],
-        })
-        print(f"--- {name} (check --traffic {CHECKS[name][0]}): exit {r['returncode']}\n{r['stdout'][-2500:]}")
-    return results
+    return h.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED,
+                        annotate=lambda name, srv: {"worker_log_line": WORKER_LOG_LINE in srv.log_text()})
 
 
 def test_radix_cache_with_multi_layer_is_refused_at_startup(e2e_pool):

@@ -20,10 +20,7 @@ verify JIT-compile FlashInfer's top-k renorm kernel, which fails on the project'
 behaviour") -- the liveness problem DETSPEC's row-local verify removes. All checks run concurrently, one per server.
 """
 
-import json
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -63,42 +60,11 @@ pytestmark = [
 ]
 
 
-def _check(srv, traffic: str, report_path) -> dict:
-    cmd = [
-        sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--traffic", traffic,
-        "--trials", str(TRIALS), "--seed", str(SEED), "--seeds", "1,2", "--wait", "120", "--timeout", "300",
-        "--report", str(report_path), "--no-progress",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-2000:], "report": report}
-
-
 @pytest.fixture(scope="module")
 def checks(e2e_pool):
-    """Run every server's check at once; record a summary per server in e2e_results.json (reports beside it)."""
-    out = h.out_dir() / "checks"
-    out.mkdir(exist_ok=True)
+    """Every server's check at once; a summary per server in e2e_results.json (reports beside it)."""
     servers = {name: e2e_pool.ready(name) for name in CHECKS}
-    with ThreadPoolExecutor(len(CHECKS)) as pool:
-        futures = {
-            name: pool.submit(_check, srv, CHECKS[name][0], out / f"{name}.json") for name, srv in servers.items()
-        }
-        results = {name: f.result() for name, f in futures.items()}
-    for name, r in results.items():
-        rep = r["report"]
-        h.record(f"check_{name}", {
-            "traffic": CHECKS[name][0],
-            "returncode": r["returncode"],
-            "unique_outputs": rep.get("unique_outputs"),
-            "profiles": {p["name"]: {"unique": p["unique_outputs"], "passed": p.get("passed"),
-                                     "accept": p.get("probe_accept_length")} for p in rep.get("profiles", [])},
-            "probe_accept_length": rep.get("probe_accept_length"),
-            "first_output_ids": (rep.get("trials") or [{}])[0].get("output_ids"),
-            "stdout": r["stdout"][-2500:],
-        })
-        print(f"--- {name} (check --traffic {CHECKS[name][0]}): exit {r['returncode']}\n{r['stdout'][-2500:]}")
-    return results
+    return h.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", [n for n, (_, rc) in CHECKS.items() if rc == 0])
