@@ -34,6 +34,7 @@ from typing import Any
 
 from sglang_detspec.choice_seeds import choice_seed
 from sglang_detspec.integration import compat
+from sglang_detspec.integration.hooks import hook_active, register_once
 
 __all__ = [
     "SAME_SEED_ENV",
@@ -109,17 +110,9 @@ def assign_choice_seed(tokenizer_manager: Any, tokenized_obj: Any, *args: Any, *
 
 def install_parallel_sampling_seeds() -> str:
     """Register :func:`assign_choice_seed` with ``HookRegistry`` (once per process); return the target."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    target = compat.parallel_sampling_send_target()
-    registered = HookRegistry._hooks.get(target, [])  # noqa: SLF001 - no public query
-    if not any(hook is assign_choice_seed for _, hook, _ in registered):
-        HookRegistry.register(target, assign_choice_seed, HookType.BEFORE)
-    return target
+    return register_once(compat.parallel_sampling_send_target(), assign_choice_seed, "BEFORE")
 
 
 def parallel_sampling_hook_active() -> bool:
     """Whether ``TokenizerManager._send_one_request`` currently runs :func:`assign_choice_seed`."""
-    from sglang_detspec.integration.worker_checks import hook_active
-
     return hook_active(compat.parallel_sampling_send_target(), assign_choice_seed)

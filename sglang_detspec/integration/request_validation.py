@@ -36,9 +36,6 @@ def _after_verify(result, sampling_params, *args, **kwargs):
 
 def install_request_validation() -> str:
     """Register the seed check on ``SamplingParams.verify`` with ``HookRegistry`` (once per process)."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_detspec.integration.hooks import register_once
 
-    registered = HookRegistry._hooks.get(SAMPLING_PARAMS_VERIFY, [])  # noqa: SLF001 - no public query
-    if not any(hook is _after_verify for _, hook, _ in registered):
-        HookRegistry.register(SAMPLING_PARAMS_VERIFY, _after_verify, HookType.AFTER)
-    return SAMPLING_PARAMS_VERIFY
+    return register_once(SAMPLING_PARAMS_VERIFY, _after_verify, "AFTER")

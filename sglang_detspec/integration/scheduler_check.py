@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_detspec.integration.worker_checks import hook_active
+from sglang_detspec.integration.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +62,7 @@ def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: A
 
 def install_scheduler_check() -> str:
     """Register :func:`check_scheduler_workers` with ``HookRegistry`` (once per process); return the target."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    registered = HookRegistry._hooks.get(SCHEDULER_HOOK_TARGET, [])  # noqa: SLF001 - no public query
-    if not any(hook is check_scheduler_workers for _, hook, _ in registered):
-        HookRegistry.register(SCHEDULER_HOOK_TARGET, check_scheduler_workers, HookType.AFTER)
-    return SCHEDULER_HOOK_TARGET
+    return register_once(SCHEDULER_HOOK_TARGET, check_scheduler_workers, "AFTER")
 
 
 def scheduler_check_active() -> bool:

@@ -100,7 +100,6 @@ the registered class answers like the twin (:mod:`~sglang_detspec.integration.al
 from __future__ import annotations
 
 import logging
-import pkgutil
 from typing import Any, Optional
 
 from sglang_detspec.integration import compat
@@ -516,30 +515,13 @@ def install_resolution_hook() -> str:
     ``load_plugins`` applies registered hooks right after running the plugin functions; a caller outside
     ``load_plugins`` must apply them itself (``load_plugin`` does).
     """
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang_detspec.integration.hooks import register_once
 
-    target = compat.resolution_entry_target()
-    registered = HookRegistry._hooks.get(target, [])  # noqa: SLF001 - no public query; avoid double wrapping
-    if not any(hook is around_resolution for _, hook, _ in registered):
-        HookRegistry.register(target, around_resolution, HookType.AROUND)
-    return target
+    return register_once(compat.resolution_entry_target(), around_resolution, "AROUND")
 
 
 def resolution_hook_active() -> bool:
     """Whether SGLang's resolution entry point currently runs :func:`around_resolution`."""
-    target = compat.resolution_entry_target()
-    try:
-        fn = pkgutil.resolve_name(target)
-    except Exception:  # noqa: BLE001
-        return False
-    seen = 0
-    while fn is not None and seen < 64:
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is around_resolution:
-                    return True
-            except ValueError:  # empty cell
-                continue
-        fn = getattr(fn, "__wrapped__", None)
-        seen += 1
-    return False
+    from sglang_detspec.integration.hooks import hook_active
+
+    return hook_active(compat.resolution_entry_target(), around_resolution)

@@ -12,10 +12,9 @@ classes, which import this module: kept apart so the two never import each other
 
 from __future__ import annotations
 
-import pkgutil
 from typing import Any, Callable, Iterable
 
-__all__ = ["complete_spec_worker", "hook_active", "refuse_global_rng_verify_paths"]
+__all__ = ["complete_spec_worker", "refuse_global_rng_verify_paths"]
 
 
 def complete_spec_worker(worker: Any, *, draft_worker_cls: type, upstream_owner: type, build_rebound: Iterable[Callable[[], Any]]) -> None:
@@ -55,22 +54,3 @@ def refuse_global_rng_verify_paths() -> None:
             "from the global RNG. Unset it, or use --speculative-algorithm EAGLE for "
             "acceptance-length simulations."
         )
-
-
-def hook_active(target: str, hook: Callable) -> bool:
-    """Whether the function at dotted path ``target`` currently runs ``hook`` (a ``HookRegistry`` wrapper chain)."""
-    try:
-        fn = pkgutil.resolve_name(target)
-    except Exception:  # noqa: BLE001 - an unresolvable target has no hook
-        return False
-    for _ in range(64):
-        if fn is None:
-            return False
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                if cell.cell_contents is hook:
-                    return True
-            except ValueError:  # empty cell
-                continue
-        fn = getattr(fn, "__wrapped__", None)
-    return False
