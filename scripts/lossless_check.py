@@ -46,8 +46,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
-E2E_DIR = REPO / "tests" / "e2e"
-CONTROL_DIR = E2E_DIR / "controls" / "accept_all_drafts"
+# The control's sitecustomize is test-only code: it stays under tests/, on the control server's PYTHONPATH alone.
+CONTROL_DIR = REPO / "tests" / "e2e" / "controls" / "accept_all_drafts"
+sys.path.insert(0, str(REPO))
+# Both standard library only, so --help needs neither torch nor SGLang.
+from sglang_detspec import server_process, tiny_servers  # noqa: E402
 
 DEFAULT_N = 10_000
 QUICK_N = 1_000
@@ -230,19 +233,19 @@ def with_flag(argv: List[str], flag: str, value: str) -> List[str]:
     return argv if at else argv + [flag, value]
 
 
-def server_specs(harness, models, args) -> Dict[str, object]:
-    """The three configurations (module docstring), built from the E2E harness's common arguments."""
-    base = with_flag(harness.common_args(models.target, "weighted"), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
+def server_specs(models, args) -> Dict[str, server_process.ServerSpec]:
+    """The three configurations (module docstring), built from the E2E servers' common arguments."""
+    base = with_flag(tiny_servers.common_args(models.target, "weighted"), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
     base = with_flag(base, RUNNING_FLAG, str(args.concurrency))
     det = ["--enable-deterministic-inference"]
-    detspec = base + ["--speculative-draft-model-path", str(models.eagle_draft), *harness.SPEC_SHAPE,
-                      "--speculative-algorithm", "DETSPEC_EAGLE", *det]
+    detspec = base + tiny_servers.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
     control_path = os.pathsep.join([str(CONTROL_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = dict(harness.LONG_CONTEXT_ENV)
+    env = dict(tiny_servers.LONG_CONTEXT_ENV)
+    spec = server_process.ServerSpec
     return {
-        "detspec": harness.ServerSpec("detspec", detspec, env=env),
-        "baseline": harness.ServerSpec("baseline", base + det, env=env),
-        "control": harness.ServerSpec("control", detspec, env=dict(env, PYTHONPATH=control_path)),
+        "detspec": spec("detspec", detspec, env=env),
+        "baseline": spec("baseline", base + det, env=env),
+        "control": spec("control", detspec, env=dict(env, PYTHONPATH=control_path)),
     }
 
 
@@ -278,11 +281,11 @@ class Progress:
         print(self.line(), file=sys.stderr, flush=True)
 
 
-def collect(harness, server, role: str, seeds: List[int], args, progress: Progress) -> Collected:
+def collect(server, role: str, seeds: List[int], args, progress: Progress) -> Collected:
     chunks = [seeds[i : i + args.batch] for i in range(0, len(seeds), args.batch)]
 
     def send(chunk):
-        resp = harness.post_json(server.base_url, "/generate", batch_payload(args.prompt, chunk, args.max_new_tokens),
+        resp = server_process.post_json(server.base_url, "/generate", batch_payload(args.prompt, chunk, args.max_new_tokens),
                                  timeout=args.request_timeout)
         part = parse_batch_response(resp, chunk, args.max_new_tokens)
         progress.add(role, len(chunk))
@@ -295,29 +298,27 @@ def collect(harness, server, role: str, seeds: List[int], args, progress: Progre
 def run(args) -> int:
     import numpy as np
 
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(E2E_DIR))
-    import e2e_harness as harness  # noqa: E402 (stdlib only at import)
     from sglang_detspec.checker import two_sample
     from sglang_detspec.tiny_models import ensure_tiny_models
 
-    reason = harness.e2e_skip_reason()
+    reason = server_process.launch_skip_reason()
     if reason:
         print(f"lossless_check: {reason}", file=sys.stderr)
         return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["DETSPEC_E2E_OUT"] = str(out)  # the harness writes server_pids.txt there
     env_root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     root = args.models_root or (Path(env_root) if env_root else None)
     models = ensure_tiny_models(root, pair="weighted")
-    specs = server_specs(harness, models, args)
+    specs = server_specs(models, args)
     servers, port = {}, 32000  # apart from the E2E tests' 31000+
     t_start = time.time()
     try:
         for role in ROLES:
-            port = harness.free_port(port)
-            servers[role] = harness.Server(specs[role], port, out / f"server-{role}.log")
+            port = server_process.free_port(port)
+            # server_pids.txt: a wrapper killed by a time limit can still end exactly these servers (kill -- -PID).
+            servers[role] = server_process.Server(specs[role], port, out / f"server-{role}.log",
+                                                  pid_file=out / "server_pids.txt")
             servers[role].start()
             port += 200
         for role in ROLES:
@@ -328,10 +329,10 @@ def run(args) -> int:
         seeds = {role: role_seeds(role, args.n, args.baseline_seeds) for role in ROLES}
         t_gen = time.time()
         with Progress({r: args.n for r in ROLES}) as progress, ThreadPoolExecutor(max_workers=len(ROLES)) as pool:
-            futures = {r: pool.submit(collect, harness, servers[r], r, seeds[r], args, progress) for r in ROLES}
+            futures = {r: pool.submit(collect, servers[r], r, seeds[r], args, progress) for r in ROLES}
             got = {r: f.result() for r, f in futures.items()}
         generate_s = round(time.time() - t_gen, 1)
-    except (harness.ServerStartError, harness.HTTPStatusError, OSError, ValueError) as e:
+    except (server_process.ServerStartError, server_process.HTTPStatusError, OSError, ValueError) as e:
         print(f"lossless_check: {type(e).__name__}: {e}", file=sys.stderr)
         error = {"error": f"{type(e).__name__}: {e}", "pass": False}
         (out / "lossless.json").write_text(json.dumps(error, indent=2) + "\n")
@@ -353,7 +354,7 @@ def run(args) -> int:
         rows.append({"label": LABELS[role], "n": args.n, "positions_p": cmp.positions_p, "transitions_p": cmp.transitions_p,
                      "combined_p": cmp.combined_p, "accept_length": got[role].accept_length, "verdict": text})
     table = format_table(rows)
-    steps_plus_one = int(harness.SPEC_SHAPE[harness.SPEC_SHAPE.index("--speculative-num-steps") + 1]) + 1
+    steps_plus_one = int(tiny_servers.SPEC_SHAPE[tiny_servers.SPEC_SHAPE.index("--speculative-num-steps") + 1]) + 1
     control_accept = got["control"].accept_length
     all_accepted = all_drafts_accept_length(args.max_new_tokens, steps_plus_one)
     notes = [comparisons["detspec"]["position0_note"],
@@ -365,7 +366,7 @@ def run(args) -> int:
                      "(every draft accepted): the accept-all sitecustomize did not take effect (see server-control.log)")
     report = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "sglang": harness.sglang_version(),
+        "sglang": server_process.sglang_version(),
         "servers": {r: {"command": servers[r].command(), "startup_s": servers[r].startup_s,
                         "accept_length": got[r].accept_length, "completion_tokens": got[r].completion_tokens,
                         "verify_steps": got[r].verify_steps, "seeds": [seeds[r][0], seeds[r][-1]]} for r in ROLES},

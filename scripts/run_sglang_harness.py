@@ -4,7 +4,7 @@
 Usage: python scripts/run_sglang_harness.py [--out DIR] [--n-trials 16] [--prefix-trials 12] [--sampling-seed 1234]
 
 On a CUDA machine with sglang and this package installed (``pip install -e .``), starts two servers side by side
-on the weighted tiny pair (``tests/e2e/e2e_harness.py``'s configurations, unchanged):
+on the weighted tiny pair (the E2E tests' configurations of the same names, built by ``sglang_detspec.tiny_servers``):
 
 * ``detspec_eagle_graph`` -- ``DETSPEC_EAGLE --enable-deterministic-inference``: must give one output per prompt;
 * ``builtin_eagle_rs``    -- built-in ``EAGLE --speculative-use-rejection-sampling``, not deterministic: the
@@ -48,10 +48,9 @@ from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXED_SCRIPT = ROOT / "scripts" / "sglang_harness_mixed.py"
-# e2e_harness imports the standard library only, so --help and the parser tests stay GPU-free.
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-
-import e2e_harness  # noqa: E402
+sys.path.insert(0, str(ROOT))
+# Both import the standard library only, so --help and the parser tests stay GPU-free.
+from sglang_detspec import server_process, tiny_servers  # noqa: E402
 
 HARNESS_MODULE = "sglang.test.test_deterministic"
 MODES = ("single", "mixed", "prefix")
@@ -234,11 +233,11 @@ def child_env() -> Dict[str, str]:
     return env
 
 
-def count_retractions(server: e2e_harness.Server, start: int) -> int:
+def count_retractions(server: server_process.Server, start: int) -> int:
     return server.log_text()[start:].count("#retracted_reqs:")
 
 
-def run_one(server: e2e_harness.Server, mode: str, args: argparse.Namespace, out: Path) -> Run:
+def run_one(server: server_process.Server, mode: str, args: argparse.Namespace, out: Path) -> Run:
     cmd = harness_command(mode, server.port, args)
     run = Run(server.name, mode, cmd, str(out / f"harness-{server.name}-{mode}.log"))
     log_start = len(server.log_text())
@@ -268,13 +267,24 @@ def run_one(server: e2e_harness.Server, mode: str, args: argparse.Namespace, out
     return run
 
 
-def accept_length(server: e2e_harness.Server) -> Optional[float]:
+def accept_length(server: server_process.Server) -> Optional[float]:
     try:
-        states = e2e_harness.get_json(server.base_url, "/server_info").get("internal_states") or [{}]
+        states = server_process.get_json(server.base_url, "/server_info").get("internal_states") or [{}]
         value = states[0].get("avg_spec_accept_length")
         return round(float(value), 3) if value is not None else None
     except Exception:  # informational only: the verdict never depends on it
         return None
+
+
+def server_specs(models, pair: str) -> Dict[str, server_process.ServerSpec]:
+    """The two servers, as the E2E tests define ``detspec_eagle_graph`` and ``builtin_eagle_rs``."""
+    base = tiny_servers.common_args(models.target, pair)
+    env = dict(tiny_servers.LONG_CONTEXT_ENV)
+    args = {
+        DETSPEC_SERVER: base + tiny_servers.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True),
+        CONTROL_SERVER: base + tiny_servers.eagle_args(models.eagle_draft, "EAGLE", rejection_sampling=True),
+    }
+    return {name: server_process.ServerSpec(name, argv, env=dict(env)) for name, argv in args.items()}
 
 
 def preflight() -> None:
@@ -282,7 +292,7 @@ def preflight() -> None:
     import importlib.util
     from importlib.metadata import entry_points
 
-    reason = e2e_harness.e2e_skip_reason()
+    reason = server_process.launch_skip_reason()
     if reason:
         sys.exit(f"run_sglang_harness: {reason}")
     if "detspec" not in [e.name for e in entry_points(group="sglang.srt.plugins")]:
@@ -322,7 +332,6 @@ def main(argv=None) -> int:
     preflight()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    os.environ["DETSPEC_E2E_OUT"] = str(out)  # e2e_harness writes the server logs and server_pids.txt there
     t0 = time.time()
     args.deadline_at = t0 + args.budget
     help_run = subprocess.run([sys.executable, "-m", HARNESS_MODULE, "--help"], capture_output=True, text=True,
@@ -344,12 +353,14 @@ def main(argv=None) -> int:
     from sglang_detspec.tiny_models import ensure_tiny_models
 
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
-    pair = e2e_harness.tiny_pair()
+    pair = tiny_servers.tiny_pair()
     models = ensure_tiny_models(Path(root) if root else None, pair=pair)
-    specs = e2e_harness.server_specs(models, pair)
-    pool = e2e_harness.ServerPool({n: specs[n] for n in SERVER_ROLES})
+    pool = server_process.ServerPool(
+        server_specs(models, pair), log_dir=out, base_port=int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000")),
+        # server_pids.txt: a wrapper killed by a time limit can still end exactly these servers (kill -- -PID).
+        make_server=lambda spec, port, log: server_process.Server(spec, port, log, pid_file=out / "server_pids.txt"))
     pool.prelaunch = list(SERVER_ROLES)
-    version = e2e_harness.sglang_version()
+    version = server_process.sglang_version()
     print(f"[harness] sglang {version}, {pair} tiny pair; starting {', '.join(SERVER_ROLES)} side by side", flush=True)
 
     runs: List[Run] = []
@@ -360,7 +371,7 @@ def main(argv=None) -> int:
         srv = pool.servers[name]
         try:
             srv.wait_ready(min(args.start_timeout, args.deadline_at - time.time()))
-        except e2e_harness.ServerStartError as e:
+        except server_process.ServerStartError as e:
             with lock:
                 info[name] = {"startup_error": str(e)}
                 first_line = str(e).splitlines()[0]

@@ -17,64 +17,46 @@ Environment knobs (all optional):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-RUN_HINT = "run scripts/run_gpu_checks.sh on a CUDA machine with sglang installed"
-# tests/conftest.py's GPU_SKIP_REASON: every GPU test skips with this one wording on CPU (a test module cannot
-# import it: pytest loads each conftest.py as the module "conftest" in turn).
-GPU_SKIP_REASON = "needs a CUDA GPU; run scripts/run_gpu_checks.sh on a GPU machine"
+# The server process and its HTTP helpers live in the package (bench-serve and the GPU scripts use them too);
+# re-exported here under the names the tests use. Standard library only, like this harness.
+from sglang_detspec import server_process
+from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
+    GPU_SKIP_REASON,
+    RUN_HINT,
+    HTTPStatusError,
+    ServerSpec,
+    ServerStartError,
+    free_port,
+    get_json,
+    post_json,
+    sglang_version,
+    version_tuple,
+)
+from sglang_detspec.tiny_servers import CONTEXT_LENGTH, CUDA_GRAPH_MAX_BS, LONG_CONTEXT_ENV, SPEC_SHAPE  # noqa: F401
+from sglang_detspec.tiny_servers import GRAPHS_OFF, common_args, eagle_args, tiny_pair  # noqa: F401
+
+# tests/conftest.py's GPU_SKIP_REASON is the same wording: every GPU test skips with it on CPU (a test module cannot
+# import conftest: pytest loads each conftest.py as the module "conftest" in turn).
 
 # ---------------------------------------------------------------------------------------------
 # Skip logic
 
 
 def e2e_skip_reason() -> Optional[str]:
-    """Why the E2E tests cannot run here, or None. Never imports SGLang (its import is slow and
-    pulls CUDA extensions); only checks that it is installed and that torch sees a CUDA GPU."""
-    if importlib.util.find_spec("sglang") is None:
-        return f"needs sglang installed; {RUN_HINT}"
-    try:
-        import torch
-    except ImportError:
-        return f"needs torch; {RUN_HINT}"
-    if not torch.cuda.is_available():
-        return GPU_SKIP_REASON
-    return None
-
-
-def sglang_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        import sglang  # a source checkout on PYTHONPATH has no dist-info
-
-        return getattr(sglang, "__version__", "unknown")
-
-
-def version_tuple(v: str) -> tuple:
-    out = []
-    for part in v.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits) if digits else 0)
-    return tuple(out)
+    """Why the E2E tests cannot run here, or None (:func:`sglang_detspec.server_process.launch_skip_reason`)."""
+    return server_process.launch_skip_reason()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,57 +110,11 @@ def _safe_version() -> str:
 # ---------------------------------------------------------------------------------------------
 # Server configurations
 
-SPEC_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-# Decode batches 1..8 replay CUDA graphs, 9..16 run eagerly: the 16 trials cover both paths.
-CUDA_GRAPH_MAX_BS = 8
-
-
-#: The tiny pair the E2E servers serve: ``weighted`` (real seeded weights; drafts are partly rejected, so a wrong
-#: accept/reject decision or residual sample shows) unless DETSPEC_E2E_PAIR says ``dummy``.
-def tiny_pair() -> str:
-    return os.environ.get("DETSPEC_E2E_PAIR", "weighted")
-
-
-#: Context length of every E2E server: the long traffic profile sends prompts up to 10,000 tokens. The tiny
-#: models' config says 8192 positions (RoPE has no hard limit), hence SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
-CONTEXT_LENGTH = 16384
-LONG_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-
-
-def common_args(target: Path, pair: str) -> List[str]:
-    # The tiny pair's flags live with the models, shared with `sglang-detspec serve` (imported here, not at
-    # module level, so this harness still imports with the standard library alone).
-    from sglang_detspec.tiny_models import server_flags
-
-    tiny_flags = []
-    for flag, values in server_flags(pair):
-        tiny_flags += [flag, *((str(CONTEXT_LENGTH),) if flag == "--context-length" else values)]
-    return [
-        "--model-path", str(target),
-        *tiny_flags,  # a small capped KV pool each, so several servers can start side by side
-        "--mem-fraction-static", "0.1",
-        "--attention-backend", "triton",
-        "--sampling-backend", "pytorch",
-        "--cuda-graph-max-bs-decode", str(CUDA_GRAPH_MAX_BS),
-        "--host", "127.0.0.1",
-        "--log-level", "info",
-    ]
-
-
-GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
 #: The pressure profile's servers (tests/e2e/test_e2e_pressure.py): a KV pool small enough that 31 requests of a few
 #: hundred tokens overflow it, so SGLang retracts running requests; metrics on, for its retraction counter. These
 #: flags come after the tiny pair's own --max-total-tokens, and SGLang's parser keeps the last one.
 PRESSURE_KV_TOKENS = 4096
 PRESSURE_ARGS = ["--max-total-tokens", str(PRESSURE_KV_TOKENS), "--enable-metrics"]
-
-
-@dataclass
-class ServerSpec:
-    name: str
-    args: List[str]
-    expect_exit: bool = False  # True: the configuration is expected to be refused at start-up
-    env: Dict[str, str] = field(default_factory=dict)
 
 
 #: A test-harness-only control (tests/e2e/controls/upstream_target_sampler/sitecustomize.py): DETSPEC with its
@@ -194,7 +130,8 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     eagle3 = ["--speculative-draft-model-path", str(models.eagle3_draft)] + SPEC_SHAPE
     det = ["--enable-deterministic-inference"]
     rs = ["--speculative-use-rejection-sampling"]
-    detspec = base + eagle + ["--speculative-algorithm", "DETSPEC_EAGLE"] + det
+    # The two configurations scripts/run_sglang_harness.py also serves: built by the one shared helper.
+    detspec = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
     control_env = dict(LONG_CONTEXT_ENV, PYTHONPATH=os.pathsep.join(
         [str(UPSTREAM_SAMPLER_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]
     ))
@@ -207,7 +144,7 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         # Refused at start-up: a chunk below the deterministic prefill alignment would starve the queue.
         ServerSpec("detspec_eagle_chunk64", detspec + ["--chunked-prefill-size", "64"], expect_exit=True),
         ServerSpec("detspec_upstream_sampler_control", detspec, env=control_env),
-        ServerSpec("builtin_eagle_rs", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs),
+        ServerSpec("builtin_eagle_rs", base + eagle_args(models.eagle_draft, "EAGLE", rejection_sampling=True)),
         ServerSpec(
             "builtin_eagle_rs_det",
             base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + det,
@@ -256,173 +193,32 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
     ]
 
 
-def free_port(start: int) -> int:
-    """First port >= start that is free on 127.0.0.1, stepping by 50 so that the few ports each
-    server derives from its own (NCCL, metrics) do not collide with the next server's."""
-    port = start
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                port += 50
-
-
 # ---------------------------------------------------------------------------------------------
-# Server process
+# Server process (sglang_detspec.server_process), with the E2E knobs from the environment
 
 
-class ServerStartError(RuntimeError):
-    pass
+class Server(server_process.Server):
+    """A server whose arguments end with DETSPEC_E2E_EXTRA_ARGS and whose process group is listed in
+    ``server_pids.txt`` of the results directory."""
 
+    log_prefix = "[detspec-e2e]"
 
-class Server:
     def __init__(self, spec: ServerSpec, port: int, log_path: Path):
-        self.spec = spec
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.proc: Optional[subprocess.Popen] = None
-        self.ready = False
-        self.startup_s: Optional[float] = None
-        self._t0 = 0.0
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def command(self) -> List[str]:
-        extra = shlex.split(os.environ.get("DETSPEC_E2E_EXTRA_ARGS", ""))
-        return [sys.executable, "-m", "sglang.launch_server", *self.spec.args, "--port", str(self.port), *extra]
-
-    def start(self) -> None:
-        env = dict(os.environ)
-        # An accidental hub lookup must fail fast instead of hanging on a machine without network.
-        env.setdefault("HF_HUB_OFFLINE", "1")
-        env.setdefault("TRANSFORMERS_OFFLINE", "1")
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.pop("TRITON_INTERPRET", None)  # the server must compile real kernels
-        env.update(self.spec.env)
-        cmd = self.command()
-        log = open(self.log_path, "w", buffering=1)
-        log.write("$ " + shlex.join(cmd) + "\n")
-        self._t0 = time.time()
-        # A new session makes the server and its scheduler/detokenizer children one process group,
-        # so stop() can end them all without touching anything else.
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log.close()
-        # Process-group ids of every server started, so a wrapper killed by a time limit can still
-        # end exactly these (each is its own session: kill -- -PID).
-        with open(out_dir() / "server_pids.txt", "a") as f:
-            f.write(f"{self.proc.pid}\n")
-        print(f"[detspec-e2e] started {self.name} pid={self.proc.pid} port={self.port} log={self.log_path}", flush=True)
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float) -> None:
-        if self.ready:
-            return
-        deadline = self._t0 + timeout
-        while time.time() < deadline:
-            rc = self.proc.poll()
-            if rc is not None:
-                raise ServerStartError(
-                    f"server {self.name} exited with code {rc} during start-up; log {self.log_path}:\n{self.log_tail(80)}"
-                )
-            try:
-                with urllib.request.urlopen(self.base_url + "/health_generate", timeout=10) as r:
-                    if r.status == 200:
-                        self.ready = True
-                        self.startup_s = round(time.time() - self._t0, 1)
-                        print(f"[detspec-e2e] {self.name} ready after {self.startup_s} s", flush=True)
-                        return
-            except (urllib.error.URLError, ConnectionError, socket.timeout, OSError):
-                pass
-            time.sleep(2)
-        raise ServerStartError(f"server {self.name} not ready after {timeout} s; log {self.log_path}:\n{self.log_tail(80)}")
-
-    def wait_exit(self, timeout: float) -> Optional[int]:
-        try:
-            return self.proc.wait(timeout=max(0.0, self._t0 + timeout - time.time()))
-        except subprocess.TimeoutExpired:
-            return None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            # SIGTERM to the launcher alone lets SGLang shut its children down in order; the group
-            # kill below only mops up whatever did not exit.
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        super().__init__(spec, port, log_path, extra_args=shlex.split(os.environ.get("DETSPEC_E2E_EXTRA_ARGS", "")),
+                         pid_file=out_dir() / "server_pids.txt")
 
 
-class ServerPool:
-    """Starts configurations on demand; the first request starts every name in ``prelaunch`` at
-    once (start-up is mostly CPU-side compilation and graph capture, which overlap well)."""
+class ServerPool(server_process.ServerPool):
+    """Starts configurations on demand; the first request starts every name in ``prelaunch`` at once."""
 
     def __init__(self, specs: Dict[str, ServerSpec]):
-        self.specs = specs
-        self.servers: Dict[str, Server] = {}
-        self.prelaunch: List[str] = []
-        # Several pools (the E2E tests, scripts/run_sglang_harness.py) may start servers on one machine at once:
-        # each needs its own range, as free_port only sees ports that are already bound.
-        self._next_port = int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000"))
-        self.parallel = os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0"
-        self.timeout = float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600"))
-
-    def _start(self, name: str) -> Server:
-        port = free_port(self._next_port)
-        self._next_port = port + 200
-        srv = Server(self.specs[name], port, out_dir() / f"server-{name}.log")
-        srv.start()
-        self.servers[name] = srv
-        return srv
-
-    def get(self, name: str) -> Server:
-        if name not in self.servers:
-            if self.parallel:
-                for other in self.prelaunch:
-                    if other not in self.servers:
-                        self._start(other)
-            if name not in self.servers:
-                self._start(name)
-        return self.servers[name]
-
-    def release(self, name: str) -> None:
-        srv = self.servers.get(name)
-        if srv is not None:
-            srv.stop()
-
-    def close(self) -> None:
-        for srv in self.servers.values():
-            srv.stop()
+        super().__init__(
+            specs, log_dir=out_dir(), make_server=Server,
+            # Several pools (the E2E tests, scripts/run_sglang_harness.py) may start servers on one machine at once.
+            base_port=int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000")),
+            parallel=os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0",
+            timeout=float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600")),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,30 +272,7 @@ def run_checks(servers: Dict[str, "Server"], traffic: Dict[str, str], *, trials:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTTP
-
-
-class HTTPStatusError(RuntimeError):
-    def __init__(self, status: int, body: str):
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
-
-
-def post_json(base_url: str, path: str, payload: dict, timeout: float = 300) -> dict:
-    req = urllib.request.Request(
-        base_url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
-    except urllib.error.HTTPError as e:
-        raise HTTPStatusError(e.code, e.read().decode(errors="replace")) from None
-
-
-def get_json(base_url: str, path: str, timeout: float = 60) -> dict:
-    with urllib.request.urlopen(base_url + path, timeout=timeout) as r:
-        return json.loads(r.read().decode())
+# Probe requests (HTTP helpers: post_json / get_json above, from the package)
 
 
 PROBE_PROMPT = "The river ran past the old mill, where the miller kept a ledger of"

@@ -1,7 +1,7 @@
 """scripts/lossless_check.py on CPU, and its accept-all-drafts control (tests/e2e/controls/accept_all_drafts).
 
 The script: argument rules, seeds, the /generate batch it sends and how it reads answers, the table and verdicts,
-the three server configurations (built by the real E2E harness), and a whole run against in-process fake servers
+the three server configurations (built from the package's tiny-pair server arguments), and a whole run against in-process fake servers
 (tokens from small Markov chains; the "control" fake only differs when the script really put the accept-all
 sitecustomize on its PYTHONPATH) -- exit 0, 1 and 2 as documented. ``--help`` works without importing torch.
 
@@ -138,15 +138,15 @@ def test_position_zero_is_described_not_counted():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Server configurations (the real E2E harness, stdlib only)
+# Server configurations (the package's tiny-pair server arguments, stdlib only)
 
 
 @pytest.fixture
-def harness(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "tests" / "e2e"))
-    import e2e_harness
+def harness():
+    """The server launcher the script uses (the package's, shared with the E2E tests)."""
+    from sglang_detspec import server_process
 
-    return e2e_harness
+    return server_process
 
 
 def _models():
@@ -155,9 +155,9 @@ def _models():
     return TinyModels(Path("/m/target"), Path("/m/eagle"), Path("/m/eagle3"))
 
 
-def test_server_configurations(harness, monkeypatch):
+def test_server_configurations(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "/already/there")
-    specs = lc.server_specs(harness, _models(), lc.parse_args(["--out", "x", "--concurrency", "48", "--batch", "12"]))
+    specs = lc.server_specs(_models(), lc.parse_args(["--out", "x", "--concurrency", "48", "--batch", "12"]))
     detspec, baseline, control = specs["detspec"].args, specs["baseline"].args, specs["control"].args
     for argv in (detspec, baseline):
         assert argv.count(lc.GRAPH_BS_FLAG) == 1 and argv[argv.index(lc.GRAPH_BS_FLAG) + 1] == "48"
@@ -211,13 +211,13 @@ def _chain_tokens(seed: int, length: int, stay: float) -> list:
 
 
 class _FakeServer:
-    """Stands in for e2e_harness.Server: an HTTP /generate that answers lists; ``stay`` sets its chain."""
+    """Stands in for server_process.Server: an HTTP /generate that answers lists; ``stay`` sets its chain."""
 
     # role -> "good"; "broken" (the other chain, only with the accept-all sitecustomize on PYTHONPATH);
     # "wrong" (the other chain regardless); "short" (one token too few)
     behaviour = {}
 
-    def __init__(self, spec, port, log_path):
+    def __init__(self, spec, port, log_path, pid_file=None):
         self.spec, self.name, self.log_path, self.startup_s = spec, spec.name, log_path, 0.1
         controlled = str(CONTROL) in spec.env.get("PYTHONPATH", "")
         self.mode = self.behaviour.get(spec.name, "good")
@@ -270,10 +270,9 @@ def fake_run(harness, monkeypatch, tmp_path):
     import sglang_detspec.tiny_models as tiny_models
 
     monkeypatch.setattr(harness, "Server", _FakeServer)
-    monkeypatch.setattr(harness, "e2e_skip_reason", lambda: None)
+    monkeypatch.setattr(harness, "launch_skip_reason", lambda: None)
     monkeypatch.setattr(harness, "sglang_version", lambda: "fake")
     monkeypatch.setattr(tiny_models, "ensure_tiny_models", lambda root, pair: _models())
-    monkeypatch.setenv("DETSPEC_E2E_OUT", str(tmp_path / "unused"))
 
     def run(behaviour, *extra):
         monkeypatch.setattr(_FakeServer, "behaviour", behaviour)
