@@ -124,6 +124,7 @@ class TinyPairReference:
     """Float32 CPU forwards of a weighted tiny pair (see the module docstring)."""
 
     def __init__(self, models):
+        """``models``: the target, EAGLE and EAGLE3 directories (the EAGLE3 one may be None)."""
         target_dir, eagle_dir, eagle3_dir = models
         self.cfg, w = _load(target_dir)
         self.eps = float(self.cfg["rms_norm_eps"])
@@ -132,6 +133,9 @@ class TinyPairReference:
         self.eagle_cfg, ew = _load(eagle_dir)
         self.eagle_fc_w, self.eagle_fc_b = ew["fc.weight"], ew["fc.bias"]
         self.eagle_layer = _Layer(self.eagle_cfg, ew, "layers.0.")
+        self.capture_layers = []
+        if eagle3_dir is None:  # a pair without an EAGLE3 draft (the benchmark's mid-size pair)
+            return
         self.eagle3_cfg, e3w = _load(eagle3_dir)
         self.eagle3_fc = e3w["fc.weight"]
         self.eagle3_layer = _Layer(self.eagle3_cfg, e3w, "layers.0.")
@@ -151,7 +155,7 @@ class TinyPairReference:
             x = x + layer.attention(layer.norm("input_layernorm", x), positions)
             x = x + layer.mlp(layer.norm("post_attention_layernorm", x))
         hidden = _rms_norm(x, self.final_norm, self.eps)
-        return TargetOutput(hidden @ self.lm_head.T, hidden, torch.cat(aux, dim=-1))
+        return TargetOutput(hidden @ self.lm_head.T, hidden, torch.cat(aux, dim=-1) if aux else x[:, :0])
 
     @_single_threaded
     def eagle(self, tokens: torch.Tensor, hidden: torch.Tensor) -> DraftOutput:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Dict
@@ -98,17 +99,42 @@ def _bf16_round(x: np.ndarray) -> np.ndarray:
     return (to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
 
 
+def tensor_seed(seed: int, directory: str, name: str) -> int:
+    """The 32-bit seed of one tensor's draws: a hash of (recipe seed, directory, parameter name)."""
+    key = hashlib.sha256(f"{seed}/{directory}/{name}".encode()).digest()
+    return int.from_bytes(key[:4], "little")
+
+
 class _Draw:
     """Independent seeded normal draws per (directory, parameter name): reordering or adding
-    parameters never changes another tensor's values."""
+    parameters never changes another tensor's values.
+
+    The recipe below builds every tensor through this object's methods (``normal``, ``eye``, ``zeros``,
+    ``ones``, ``cat``), so another array library can run the same recipe at another shape
+    (:class:`sglang_detspec.midsize_models.TorchDraw`: torch on a GPU, for the benchmark's mid-size pair)."""
 
     def __init__(self, recipe: WeightRecipe, directory: str):
         self.seed, self.directory = recipe.seed, directory
 
     def normal(self, name: str, shape, std: float) -> np.ndarray:
-        key = hashlib.sha256(f"{self.seed}/{self.directory}/{name}".encode()).digest()
-        rng = np.random.RandomState(int.from_bytes(key[:4], "little"))
+        rng = np.random.RandomState(tensor_seed(self.seed, self.directory, name))
         return rng.standard_normal(size=shape) * std
+
+    @staticmethod
+    def eye(rows: int, cols: int) -> np.ndarray:
+        return _eye(rows, cols)
+
+    @staticmethod
+    def zeros(*shape: int) -> np.ndarray:
+        return np.zeros(shape)
+
+    @staticmethod
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n)
+
+    @staticmethod
+    def cat(parts, axis: int) -> np.ndarray:
+        return np.concatenate(parts, axis=axis)
 
 
 def _eye(rows: int, cols: int) -> np.ndarray:
@@ -121,7 +147,7 @@ def _normal_matrices(draw: _Draw, prefix: str, shapes: dict, recipe: WeightRecip
     out = {}
     for name, (rows, cols) in shapes.items():
         scale = recipe.residual_write_scale if name in ("self_attn.o_proj", "mlp.down_proj") else 1.0
-        out[f"{prefix}{name}.weight"] = draw.normal(f"{prefix}{name}", (rows, cols), scale / np.sqrt(cols))
+        out[f"{prefix}{name}.weight"] = draw.normal(f"{prefix}{name}", (rows, cols), scale / math.sqrt(cols))
     return out
 
 
@@ -129,7 +155,7 @@ def _mlp(draw: _Draw, prefix: str, cfg: dict, recipe: WeightRecipe) -> Arrays:
     hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
     shapes = {"mlp.gate_proj": (inter, hidden), "mlp.up_proj": (inter, hidden), "mlp.down_proj": (hidden, inter)}
     out = _normal_matrices(draw, prefix, shapes, recipe)
-    out[f"{prefix}post_attention_layernorm.weight"] = np.ones(hidden)
+    out[f"{prefix}post_attention_layernorm.weight"] = draw.ones(hidden)
     return out
 
 
@@ -145,30 +171,30 @@ def _attention(draw: _Draw, prefix: str, cfg: dict, recipe: WeightRecipe) -> Arr
     return _normal_matrices(draw, prefix, shapes, recipe)
 
 
-def _target(cfg: dict, recipe: WeightRecipe) -> Arrays:
-    draw = _Draw(recipe, "target")
+def target_weights(cfg: dict, recipe: WeightRecipe, draw: _Draw) -> Arrays:
+    """The target's tensors (module docstring), drawn by ``draw`` (directory ``"target"``)."""
     hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
     w = {
         "model.embed_tokens.weight": draw.normal("embed", (vocab, hidden), recipe.embed_std),
-        "model.norm.weight": np.ones(hidden),
-        "lm_head.weight": draw.normal("lm_head", (vocab, hidden), recipe.lm_head_std / np.sqrt(hidden)),
+        "model.norm.weight": draw.ones(hidden),
+        "lm_head.weight": draw.normal("lm_head", (vocab, hidden), recipe.lm_head_std / math.sqrt(hidden)),
     }
     for i in range(cfg["num_hidden_layers"]):
         prefix = f"model.layers.{i}."
         w.update(_attention(draw, prefix, cfg, recipe))
         w.update(_mlp(draw, prefix, cfg, recipe))
-        w[f"{prefix}input_layernorm.weight"] = np.ones(hidden)
+        w[f"{prefix}input_layernorm.weight"] = draw.ones(hidden)
     return w
 
 
-def _eagle(cfg: dict, recipe: WeightRecipe) -> Arrays:
-    draw = _Draw(recipe, "eagle_draft")
+def eagle_weights(cfg: dict, recipe: WeightRecipe, draw: _Draw) -> Arrays:
+    """The EAGLE draft's tensors (module docstring), drawn by ``draw`` (directory ``"eagle_draft"``)."""
     hidden = cfg["hidden_size"]
     # llama_eagle.py: fc(cat((embed(token), target_hidden))) -- the embedding half comes first.
-    token_half = _eye(hidden, hidden) + draw.normal("fc", (hidden, hidden), recipe.eagle_fc_noise / np.sqrt(hidden))
+    token_half = draw.eye(hidden, hidden) + draw.normal("fc", (hidden, hidden), recipe.eagle_fc_noise / math.sqrt(hidden))
     w = {
-        "fc.weight": np.concatenate([token_half, np.zeros((hidden, hidden))], axis=1),
-        "fc.bias": np.zeros(hidden),
+        "fc.weight": draw.cat([token_half, draw.zeros(hidden, hidden)], axis=1),
+        "fc.bias": draw.zeros(hidden),
     }
     # Layer 0 has no input_layernorm in SGLang's EAGLE draft (replaced by the identity).
     w.update(_attention(draw, "layers.0.", cfg, recipe))
@@ -208,10 +234,10 @@ def generate_weights(configs: Dict[str, dict], recipe: WeightRecipe = DEFAULT_RE
     ``configs`` maps ``"target"``, ``"eagle_draft"``, ``"eagle3_draft"`` to their ``config.json`` dicts;
     the result maps the same keys to ``{HF parameter name: array}``.
     """
-    target = _target(configs["target"], recipe)
+    target = target_weights(configs["target"], recipe, _Draw(recipe, "target"))
     raw = {
         "target": target,
-        "eagle_draft": _eagle(configs["eagle_draft"], recipe),
+        "eagle_draft": eagle_weights(configs["eagle_draft"], recipe, _Draw(recipe, "eagle_draft")),
         "eagle3_draft": _eagle3(configs["eagle3_draft"], target["lm_head.weight"], recipe),
     }
     return {d: {name: _bf16_round(a) for name, a in sorted(ws.items())} for d, ws in raw.items()}
