@@ -1,4 +1,4 @@
-"""The ``sglang-detspec`` command: ``serve``, ``check``, ``bench`` and ``demo``.
+"""The ``sglang-detspec`` command: ``serve``, ``check``, ``bench``, ``bench-serve`` and ``demo``.
 
 * ``serve``  launches ``python -m sglang.launch_server`` with the DETSPEC speculative algorithm and deterministic
   inference on (an embedded tiny model pair when no model is given); :mod:`sglang_detspec.serve`. Needs a CUDA
@@ -6,6 +6,8 @@
 * ``check``  sends one seeded probe to any SGLang server next to changing traffic (uniform, mixed sampling
   parameters, long prompts, shared prefixes) and says whether its output ever changed; :mod:`sglang_detspec.checker`.
 * ``bench``  runs the sampler benchmark (:func:`sglang_detspec.benchmark.main`).
+* ``bench-serve`` runs the end-to-end serving benchmark on a generated mid-size pair (no speculation, built-in EAGLE
+  with and without rejection sampling, DETSPEC_EAGLE; SGLang's ``bench_serving``); :mod:`sglang_detspec.serving_bench`.
 * ``demo``   shows on CPU, with the reference sampler, that a request's draft token depends on its seed and
   never on the batch around it; :mod:`sglang_detspec.demo`.
 
@@ -21,7 +23,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from sglang_detspec import checker, demo, serve
+from sglang_detspec import checker, demo, serve, serving_bench
 from sglang_detspec.command_base import EXIT_ERROR, EXIT_FAIL, EXIT_OK, PROG, CliError
 
 __all__ = ["main", "build_parser", "CliError", "EXIT_OK", "EXIT_FAIL", "EXIT_ERROR"]
@@ -35,6 +37,7 @@ examples:
   {PROG} serve --port 30000                     # GPU: tiny model pair, seeded speculative decoding
   {PROG} check --url http://127.0.0.1:30000     # does a fixed seed give one output whatever the traffic?
   {PROG} bench                                  # GPU: fused sampler vs upstream, CSV + PNG
+  {PROG} bench-serve --out results/serve        # GPU: serving throughput of 4 configurations, CSV + JSON + PNG
 
 exit codes: 0 all good; 1 a checked property does not hold; 2 the command could not run.
 """
@@ -109,6 +112,24 @@ examples:
   {PROG} bench --quick --batch 1 128 --vocab 163840
 
 Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/bench_sampler.py).
+"""
+
+_BENCH_SERVE_DESCRIPTION = """\
+Generate a mid-size synthetic Llama pair on the GPU (hidden 2048, 16 layers, vocab 32000, a 1-layer EAGLE draft that
+is partly accepted), launch one server per configuration (no speculation, built-in EAGLE + rejection sampling,
+built-in deterministic EAGLE, DETSPEC_EAGLE), drive each with SGLang's own `python -m sglang.bench_serving` at every
+concurrency, and write bench_serve.csv / .json / .png with DETSPEC's throughput ratios to each built-in
+configuration measured in the same run. Needs a CUDA GPU with SGLang (except --dry-run).
+"""
+
+_BENCH_SERVE_EPILOG = f"""\
+examples:
+  {PROG} bench-serve --out results/serve                 # the full grid, concurrencies 1,8,32,128
+  {PROG} bench-serve --out results/serve --quick         # concurrencies 1,32, shorter runs
+  {PROG} bench-serve --out results/serve --breakdown     # plus a per-step breakdown of DETSPEC_EAGLE
+  {PROG} bench-serve --out x --dry-run                   # print every command, run nothing
+
+exit codes: 0 every run completed; 1 some run failed (see the table); 2 could not run.
 """
 
 _DEMO_EPILOG = f"""\
@@ -263,6 +284,13 @@ def cmd_bench(args: argparse.Namespace, passthrough: list[str]) -> int:
     return int(main_fn(list(passthrough)) or 0)
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    try:
+        return serving_bench.run(args)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.kernel == "auto":
         import torch
@@ -363,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-h", "--help", action="store_true", help="show this help and the benchmark's options")
     p.set_defaults(format_help=p.format_help)
 
+    serving_bench.add_arguments(_subparser(sub, "bench-serve", "serving benchmark: DETSPEC_EAGLE vs SGLang's built-in "
+                                           "configurations on a mid-size pair (CUDA GPU)", _BENCH_SERVE_DESCRIPTION,
+                                           _BENCH_SERVE_EPILOG))
+
     p = _subparser(sub, "demo", "show on CPU that a seed fixes each request's draft token whatever the batch",
                    _DEMO_DESCRIPTION, _DEMO_EPILOG)
     lo, hi = demo.BATCH_RANGE
@@ -397,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_check(args)
         if args.command == "bench":
             return cmd_bench(args, unknown + after)
+        if args.command == "bench-serve":
+            return cmd_bench_serve(args)
         return cmd_demo(args)
     except CliError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)

@@ -1,0 +1,195 @@
+"""The benchmark's configuration table and settings: which servers ``bench-serve`` launches, with which flags, and
+the ``bench_serving`` command that drives each one. Standard library only (parsed and tested on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
+           "parse_configs", "parse_concurrencies", "num_prompts", "server_args", "bench_serving_command",
+           "estimate_seconds"]
+
+SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """One server configuration. ``builtin``: SGLang's own (DETSPEC's throughput is divided by each of these).
+    ``unavailable``: why it cannot run yet (the table keeps a row for modes that are planned but not built)."""
+
+    name: str
+    label: str
+    algorithm: Optional[str]  # --speculative-algorithm; None: no speculation
+    rejection_sampling: bool
+    deterministic: bool
+    builtin: bool
+    extra_args: Tuple[str, ...] = ()
+    unavailable: Optional[str] = None
+
+    def speculative_args(self, draft: Path) -> List[str]:
+        if self.algorithm is None:
+            return []
+        return ["--speculative-draft-model-path", str(draft), *SPEC_SHAPE, "--speculative-algorithm", self.algorithm,
+                *(["--speculative-use-rejection-sampling"] if self.rejection_sampling else [])]
+
+
+DETSPEC = "detspec"
+CONFIGS: Tuple[BenchConfig, ...] = (
+    BenchConfig("no_spec", "no speculation (deterministic)", None, False, True, True),
+    BenchConfig("eagle_rs", "built-in EAGLE + rejection sampling (not deterministic)", "EAGLE", True, False, True),
+    BenchConfig("eagle_det", "built-in deterministic EAGLE (no rejection sampling)", "EAGLE", False, True, True),
+    # DETSPEC always samples by rejection (the plugin turns it on); the flag is not passed.
+    BenchConfig(DETSPEC, "DETSPEC_EAGLE (deterministic, rejection sampling)", "DETSPEC_EAGLE", False, True, False),
+    # Hook for the batch-invariant mode: add its server flags here once it exists, and drop `unavailable`.
+    BenchConfig("detspec_invariant", "DETSPEC_EAGLE, invariant mode", "DETSPEC_EAGLE", False, True, False,
+                unavailable="the invariant mode is not built yet"),
+)
+DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None)
+
+
+def config_by_name(name: str) -> BenchConfig:
+    for c in CONFIGS:
+        if c.name == name:
+            return c
+    raise ValueError(f"unknown configuration {name!r}; choose from {', '.join(c.name for c in CONFIGS)}")
+
+
+def parse_configs(text: str) -> Tuple[str, ...]:
+    """``"no_spec,detspec"`` -> names in table order; unknown, repeated, unavailable or empty lists are errors."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise ValueError("give at least one configuration")
+    if len(set(names)) != len(names):
+        raise ValueError(f"configuration listed twice in {text!r}")
+    for n in names:
+        c = config_by_name(n)
+        if c.unavailable:
+            raise ValueError(f"configuration {n!r} cannot run: {c.unavailable}")
+    return tuple(c.name for c in CONFIGS if c.name in names)
+
+
+def parse_concurrencies(text: str) -> Tuple[int, ...]:
+    """``"1,8,32,128"`` -> (1, 8, 32, 128): positive integers, strictly increasing."""
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise ValueError("give at least one concurrency, e.g. 1,8,32,128")
+    try:
+        values = [int(x) for x in parts]
+    except ValueError:
+        raise ValueError(f"concurrencies must be integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"concurrencies must be at least 1, got {text!r}")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"concurrencies must be strictly increasing (no repeats), got {text!r}")
+    return tuple(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSettings:
+    configs: Tuple[str, ...] = DEFAULT_CONFIGS
+    concurrencies: Tuple[int, ...] = (1, 8, 32, 128)
+    prompts_per_concurrency: int = 4  # waves: num_prompts = max(this * concurrency, MIN_PROMPTS)
+    input_len: int = 256
+    output_len: int = 256
+    temperature: float = 1.0
+    seed: int = 42
+    parallel_start: bool = True
+    breakdown: bool = False
+    breakdown_concurrency: int = 8
+
+    def validate(self) -> "BenchSettings":
+        if min(self.prompts_per_concurrency, self.input_len, self.output_len) < 1:
+            raise ValueError("--num-prompts-per-concurrency, --input-len and --output-len must be at least 1")
+        if self.temperature <= 0:
+            raise ValueError("--temperature must be positive: greedy decoding needs no rejection sampling")
+        if self.breakdown_concurrency < 1:
+            raise ValueError("--breakdown-concurrency must be at least 1")
+        return self
+
+    @property
+    def max_concurrency(self) -> int:
+        return max(self.concurrencies + ((self.breakdown_concurrency,) if self.breakdown else ()))
+
+    @property
+    def context_length(self) -> int:
+        return self.input_len + self.output_len + 64  # room for the draft tokens of the last verify
+
+
+#: ``--quick``: two concurrencies, shorter outputs, two waves.
+QUICK = dict(concurrencies=(1, 32), prompts_per_concurrency=2, output_len=128)
+MIN_PROMPTS = 8
+
+
+def num_prompts(settings: BenchSettings, concurrency: int) -> int:
+    return max(settings.prompts_per_concurrency * concurrency, MIN_PROMPTS)
+
+
+def server_args(config: BenchConfig, target: Path, draft: Path, settings: BenchSettings, *,
+                mem_fraction: float) -> List[str]:
+    """``launch_server`` arguments (without ``--port``) of ``config`` on the pair. Every configuration shares the
+    same target flags: triton attention and pytorch sampling (what works on the project's H200 bundle), CUDA graphs
+    up to the largest concurrency, a KV pool sized for it, ``--sleep-on-idle`` (servers waiting their turn poll
+    their sockets instead of spinning a core; a request wakes them at once)."""
+    max_c = settings.max_concurrency
+    pool_tokens = max_c * (settings.context_length + 16)
+    args = [
+        "--model-path", str(target), "--dtype", "bfloat16",
+        "--attention-backend", "triton", "--sampling-backend", "pytorch",
+        "--mem-fraction-static", f"{mem_fraction:g}",
+        "--max-running-requests", str(max_c), "--max-total-tokens", str(pool_tokens),
+        "--cuda-graph-max-bs-decode", str(max_c), "--cuda-graph-max-bs-prefill", "256",
+        "--context-length", str(max(settings.context_length, 2048)),
+        "--sleep-on-idle", "--host", "127.0.0.1", "--log-level", "info",
+    ]
+    args += config.speculative_args(draft)
+    if config.deterministic:
+        args.append("--enable-deterministic-inference")
+    return args + list(config.extra_args)
+
+
+def bench_serving_command(python: str, port: int, target: Path, settings: BenchSettings, concurrency: int,
+                          output_file: Path) -> List[str]:
+    """SGLang's own benchmark client against one server at one concurrency: the ``random-ids`` dataset sent as token
+    ids (fixed lengths: range ratio 1), the same ``--seed`` for every configuration (so each gets the same prompts),
+    ``--temperature`` for every request, results appended to ``output_file`` (JSON lines)."""
+    return [
+        python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),
+        "--model", str(target), "--tokenizer", str(target),
+        "--dataset-name", "random-ids", "--tokenize-prompt",
+        "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
+        "--random-range-ratio", "1.0",
+        "--num-prompts", str(num_prompts(settings, concurrency)), "--max-concurrency", str(concurrency),
+        "--request-rate", "inf", "--seed", str(settings.seed), "--temperature", f"{settings.temperature:g}",
+        "--warmup-requests", "1", "--ready-check-timeout-sec", "30", "--disable-tqdm",
+        "--output-file", str(output_file),
+    ]
+
+
+#: Rough costs on an H200 for the default mid-size pair (start-up measured for the tiny pair: 33-60 s alone,
+#: 119-134 s for many side by side); the decode rates are guesses until the first run, so the estimate says so.
+_START_ALONE_S, _START_PARALLEL_S, _GENERATE_S, _CLIENT_OVERHEAD_S = 70.0, 150.0, 25.0, 3.0
+_CLIENT_IMPORT_S = 10.0  # one client process per server (bench_serving's imports)
+_STEP_S = {1: 0.004, 8: 0.005, 32: 0.007, 128: 0.012}
+
+
+def estimate_seconds(settings: BenchSettings) -> float:
+    servers = len(settings.configs) + (1 if settings.breakdown else 0)
+    start = _START_PARALLEL_S if settings.parallel_start else _START_ALONE_S * servers
+    runs = [(c, num_prompts(settings, c)) for c in settings.concurrencies]
+    if settings.breakdown:
+        runs_breakdown = [(settings.breakdown_concurrency, num_prompts(settings, settings.breakdown_concurrency))]
+    else:
+        runs_breakdown = []
+
+    def run_s(c: int, n: int, factor: float = 1.0) -> float:
+        step = _STEP_S.get(c) or _STEP_S[min(_STEP_S, key=lambda k: abs(k - c))]
+        waves = -(-n // c)
+        return _CLIENT_OVERHEAD_S + waves * settings.output_len * step * factor
+
+    total = _GENERATE_S + start
+    total += sum(run_s(c, n) for c, n in runs) * len(settings.configs)
+    total += sum(run_s(c, n, 3.0) for c, n in runs_breakdown)  # eager and synchronised: slower
+    return total + (_CLIENT_IMPORT_S + 10.0) * servers  # client start-up, stopping the server

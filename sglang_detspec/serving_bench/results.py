@@ -1,0 +1,166 @@
+"""Reading ``bench_serving``'s results, the ratios to the built-in configurations, and the CSV / JSON / PNG outputs.
+
+``python -m sglang.bench_serving --output-file F`` (SGLang 0.5.17 ``sglang/benchmark/serving.py``) *appends* one
+JSON object per run to ``F``: the run's arguments (``backend``, ``dataset_name``, ``max_concurrency``,
+``random_input_len``, ...), ``server_info``, and the metrics ``completed``, ``duration``, ``total_output_tokens``,
+``output_throughput`` (tokens/s), ``{mean,median,std,p90,p95,p99}_{ttft,tpot,itl,e2e_latency}_ms``,
+``concurrency`` and ``accept_length`` (``/server_info``'s ``avg_spec_accept_length`` after the run, None without
+speculation). Standard library only, except :func:`write_plot` (matplotlib).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+__all__ = ["RunResult", "parse_bench_serving_line", "read_bench_serving_file", "compute_ratios", "write_csv",
+           "write_json", "write_plot", "format_table", "format_ratios", "GOALS", "CSV_FIELDS"]
+
+#: The issue's goals for DETSPEC_EAGLE's output throughput over each built-in configuration (reported, not enforced).
+GOALS = {"eagle_rs": 0.97, "eagle_det": 1.5}
+
+_FIELDS = {  # our name: bench_serving's key
+    "output_tok_s": "output_throughput",
+    "ttft_p50_ms": "median_ttft_ms",
+    "ttft_p99_ms": "p99_ttft_ms",
+    "itl_p50_ms": "median_itl_ms",
+    "itl_p99_ms": "p99_itl_ms",
+    "accept_length": "accept_length",
+    "completed": "completed",
+    "duration_s": "duration",
+    "total_output_tokens": "total_output_tokens",
+}
+CSV_FIELDS = ["config", "concurrency", "num_prompts", *_FIELDS, "error"]
+
+
+class RunResult(dict):
+    """One (configuration, concurrency) run: the fields of :data:`CSV_FIELDS`."""
+
+
+def parse_bench_serving_line(line: str, *, config: str, concurrency: int, num_prompts: int) -> RunResult:
+    """One ``bench_serving`` JSON line -> a :class:`RunResult`; ``error`` says what is wrong (a run whose
+    concurrency is not the one asked for, or that completed fewer requests than it sent)."""
+    data = json.loads(line)
+    missing = [k for k in _FIELDS.values() if k not in data]
+    if missing:
+        raise ValueError(f"bench_serving result lacks {', '.join(missing)}")
+    row = RunResult(config=config, concurrency=concurrency, num_prompts=num_prompts, error="")
+    for ours, theirs in _FIELDS.items():
+        value = data[theirs]
+        row[ours] = None if value is None else (int(value) if ours in ("completed", "total_output_tokens") else float(value))
+    if data.get("max_concurrency") not in (None, concurrency):
+        row["error"] = f"result is for concurrency {data.get('max_concurrency')}, not {concurrency}"
+    elif row["completed"] != num_prompts:
+        row["error"] = f"{row['completed']} of {num_prompts} requests completed"
+    return row
+
+
+def read_bench_serving_file(path: Path, **kw) -> RunResult:
+    """The last line of ``path`` (bench_serving appends; the caller gives each run its own file)."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError(f"{path} holds no bench_serving result")
+    return parse_bench_serving_line(lines[-1], **kw)
+
+
+def _usable(row: Optional[Mapping]) -> bool:
+    return bool(row) and not row.get("error") and bool(row.get("output_tok_s"))
+
+
+def compute_ratios(rows: Sequence[Mapping], *, subject: str = "detspec",
+                   builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det")) -> Dict[str, Dict[int, Optional[float]]]:
+    """``{builtin: {concurrency: subject's output tokens/s / builtin's}}`` for every built-in measured in the same
+    run; None where either run failed."""
+    by = {(r["config"], r["concurrency"]): r for r in rows}
+    present = {r["config"] for r in rows}
+    out: Dict[str, Dict[int, Optional[float]]] = {}
+    if subject not in present:
+        return out
+    concurrencies = sorted({r["concurrency"] for r in rows if r["config"] == subject})
+    for b in builtins:
+        if b not in present:
+            continue
+        out[b] = {}
+        for c in concurrencies:
+            s, d = by.get((subject, c)), by.get((b, c))
+            out[b][c] = s["output_tok_s"] / d["output_tok_s"] if _usable(s) and _usable(d) else None
+    return out
+
+
+def write_csv(path: Path, rows: Sequence[Mapping]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+
+
+def write_json(path: Path, document: Mapping) -> None:
+    def ratio_keys(obj):  # JSON object keys must be strings: concurrencies become "1", "8", ...
+        if isinstance(obj, dict):
+            return {str(k): ratio_keys(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [ratio_keys(v) for v in obj]
+        return obj
+
+    Path(path).write_text(json.dumps(ratio_keys(document), indent=2, sort_keys=True) + "\n")
+
+
+def write_plot(path: Path, rows: Sequence[Mapping], labels: Mapping[str, str], title: str = "") -> None:
+    """Output tokens/s (left) and median inter-token latency (right) against concurrency, one line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tp, ax_itl) = plt.subplots(1, 2, figsize=(11, 4.2))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    for name in configs:
+        pts = sorted((r["concurrency"], r) for r in rows if r["config"] == name and _usable(r))
+        if not pts:
+            continue
+        xs = [c for c, _ in pts]
+        ax_tp.plot(xs, [r["output_tok_s"] for _, r in pts], marker="o", label=labels.get(name, name))
+        ax_itl.plot(xs, [r["itl_p50_ms"] for _, r in pts], marker="o", label=labels.get(name, name))
+    for ax, ylabel in ((ax_tp, "output tokens/s"), (ax_itl, "inter-token latency p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    ax_tp.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_table(rows: Sequence[Mapping]) -> str:
+    head = f"{'config':<12} {'conc':>5} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} " \
+           f"{'ITL p99':>8} {'accept':>6}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['config']:<12} {r['concurrency']:>5} {_fmt(r.get('output_tok_s'), '10.1f')} "
+                     f"{_fmt(r.get('ttft_p50_ms'), '9.1f')} {_fmt(r.get('ttft_p99_ms'), '9.1f')} "
+                     f"{_fmt(r.get('itl_p50_ms'), '8.2f')} {_fmt(r.get('itl_p99_ms'), '8.2f')} "
+                     f"{_fmt(r.get('accept_length'), '6.2f')}" + (f"  ERROR: {r['error']}" if r.get("error") else ""))
+    return "\n".join(lines)
+
+
+def format_ratios(ratios: Mapping[str, Mapping[int, Optional[float]]], subject: str = "detspec") -> str:
+    lines = []
+    for b, per_c in ratios.items():
+        goal = GOALS.get(b)
+        cells = []
+        for c, v in per_c.items():
+            mark = "" if goal is None or v is None else (" ok" if v >= goal else " BELOW GOAL")
+            cells.append(f"c={c}: {_fmt(v, '.3f')}{mark}")
+        goal_text = f" (goal >= {goal})" if goal is not None else ""
+        lines.append(f"{subject} / {b}{goal_text}: " + ", ".join(cells))
+    return "\n".join(lines)
