@@ -8,6 +8,12 @@ of one ``python -m sglang.bench_serving`` run; this module sets ``sys.argv`` to 
 concurrency. Before a run it POSTs ``/set_internal_state`` with no change to ``reset_url``, which zeroes SGLang's
 speculation counters, so the ``accept_length`` bench_serving reads afterwards is that run's. A run that raises is
 reported and the next one still runs.
+
+``bench_serving`` imports every dataset module at start-up, some with dependencies only they use (HF ``datasets``
+for MMMU, ``PIL`` for images) that a serving machine may lack; the benchmark uses ``random-ids`` alone, so a dataset
+module that fails on one of :data:`DATASET_ONLY_MODULES` is replaced by a stub whose names raise if called (and the
+log says so). The dependency itself is never faked: other libraries test for it.
+``--check`` only imports it that way (the runner's preflight).
 """
 
 from __future__ import annotations
@@ -15,7 +21,60 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+import types
 import urllib.request
+
+#: Imported by bench_serving's dataset modules other than random-ids (mmmu.py, image.py in 0.5.17).
+DATASET_ONLY_MODULES = ("datasets", "PIL")  # PIL: SGLang itself needs it too, so it is rarely missing
+_DATASETS_PACKAGE = "sglang.benchmark.datasets."
+
+
+class _Missing(types.ModuleType):
+    """Stands in for one of bench_serving's dataset modules whose dependency is not installed: every name it
+    exports is a callable that raises (they are only registered, never called, unless that dataset is chosen)."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def unavailable(*_a, **_k):
+            raise RuntimeError(f"{self.__name__}.{attr} needs a module that is not installed (stubbed by bench-serve)")
+
+        return unavailable
+
+
+def _failing_dataset_module(tb) -> str:
+    """The ``sglang.benchmark.datasets.X`` module whose import raised, from the traceback ('' if none)."""
+    name = ""
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/sglang/benchmark/datasets/" in path and not path.endswith("__init__.py"):
+            name = _DATASETS_PACKAGE + path.rsplit("/", 1)[1][: -len(".py")]
+        tb = tb.tb_next
+    return name
+
+
+def import_cli_main():
+    """bench_serving's ``cli_main``, with its dataset modules whose only-their-own dependency is missing replaced by
+    :class:`_Missing`; returns (cli_main, the stubbed module names)."""
+    import warnings
+
+    stubbed = []
+    while True:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # 0.5.17 marks the module path deprecated
+                from sglang.bench_serving import cli_main
+            return cli_main, stubbed
+        except ModuleNotFoundError as e:
+            module = _failing_dataset_module(e.__traceback__)
+            if (e.name or "").split(".")[0] not in DATASET_ONLY_MODULES or not module or module in stubbed:
+                raise
+            stubbed.append(module)
+            for name in [m for m in sys.modules if m.startswith(("sglang.bench", "sglang.benchmark"))]:
+                if name not in stubbed:
+                    del sys.modules[name]  # re-import the half-imported package with the stub in place
+            sys.modules[module] = _Missing(module)
 
 
 def _reset(url: str) -> bool:
@@ -31,13 +90,15 @@ def _reset(url: str) -> bool:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    cli_main, stubbed = import_cli_main()
+    if stubbed:
+        print(f"[bench-serve client] stubbed {', '.join(stubbed)} (their dependencies are not installed; the "
+              "random-ids dataset does not use them)", flush=True)
+    if argv[0] == "--check":
+        print("[bench-serve client] sglang.bench_serving imports", flush=True)
+        return 0
     with open(argv[0]) as f:
         runs = json.load(f)["runs"]
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # 0.5.17 marks the module path deprecated
-        from sglang.bench_serving import cli_main
 
     failed = 0
     for run in runs:

@@ -174,9 +174,19 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
          f"H200; decode rates unmeasured until the first run)")
     from sglang_detspec import midsize_models
 
+    # bench_serving imports aiohttp, orjson, tqdm, ... that a server does not need: check them while the pair is
+    # generated, so a missing one fails the benchmark in seconds instead of after every server's start-up.
+    client_check = subprocess.Popen(
+        [sys.executable, "-m", "sglang_detspec.serving_bench.client", "--check"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
     pair = midsize_models.ensure_midsize_pair(models_dir or Path(tempfile.gettempdir()) / "sglang-detspec-models", shape)
     gen_s = round(time.time() - t_start, 1)
     _log(f"mid-size pair {shape.tag()} ready in {gen_s} s: {pair.target.parent}")
+    client_out, _ = client_check.communicate(timeout=300)
+    if client_check.returncode != 0:
+        _log(f"sglang.bench_serving does not import here, so no run could be measured:\n{client_out[-2000:]}")
+        return 2
+    _log(client_out.strip().splitlines()[-1] if client_out.strip() else "bench_serving client checked")
     specs = _specs(settings, pair, out)
     pool = server_process.ServerPool(specs, log_dir=out, base_port=33000, parallel=settings.parallel_start,
                                      timeout=start_timeout,

@@ -330,3 +330,95 @@ def test_client_runs_each_argv_through_bench_servings_own_cli_main(tmp_path, mon
                     ["sglang.bench_serving", "--b"]], "every run ran, in order, after a failure too"
     out = capsys.readouterr().out
     assert out.count("counters reset: True") == 1 and "counters reset: False" in out and "exited 1" in out
+
+
+def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeypatch, capsys):
+    """run_benchmark end to end without a GPU: every server started before any is measured (parallel start), each
+    measured alone and stopped, a server that fails to start gives error rows, the report files are written."""
+    import sys
+
+    from sglang_detspec import midsize_models, server_process
+    from sglang_detspec.serving_bench import runner
+
+    events = []
+
+    class FakeServer:
+        def __init__(self, spec, port, log_path, pid_file=None):
+            self.spec, self.name, self.port, self.log_path = spec, spec.name, port, log_path
+            self.base_url, self.startup_s = f"http://127.0.0.1:{port}", 1.0
+
+        def start(self):
+            events.append(("start", self.name))
+
+        def wait_ready(self, timeout):
+            events.append(("ready", self.name))
+            if self.name == "eagle_det":
+                raise server_process.ServerStartError("server eagle_det exited with code 1 during start-up; log x")
+
+        def stop(self):
+            events.append(("stop", self.name))
+
+    speed = {"no_spec": 100.0, "eagle_rs": 200.0, "detspec": 210.0, runner.BREAKDOWN: 50.0}
+
+    def fake_clients(server, settings, pair, concurrencies, out, name):
+        events.append(("measure", name))
+        if name == runner.BREAKDOWN:
+            (out / "step_timing.json").write_text(json.dumps({"steps": 10, "rows": 80, "seconds": dict(
+                {k: 0.0 for k in step_timing._REGIONS}, step=0.1, verify_forward=0.05)}))
+        return [_row(name, c, speed[name] * c) for c in concurrencies]
+
+    monkeypatch.setattr(server_process, "launch_skip_reason", lambda: None)
+    monkeypatch.setattr(server_process, "Server", FakeServer)
+    monkeypatch.setattr(server_process, "sglang_version", lambda: "fake")
+    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
+                        lambda root, shape: midsize_models.MidsizePair(tmp_path / "t", tmp_path / "d"))
+    monkeypatch.setattr(runner, "_run_clients", fake_clients)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    real_popen = runner.subprocess.Popen
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "pass"], **kw))
+    settings = cfgs.BenchSettings(concurrencies=(1, 8), breakdown=True)
+    rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
+    assert rc == 1, "a server that did not start makes the run fail"
+    names = list(settings.configs) + [runner.BREAKDOWN]
+    first_measure = events.index(("measure", "no_spec"))
+    assert {("ready", n) for n in names} <= set(events[:first_measure]), "all servers up before measuring"
+    measured = [n for n in names if n != "eagle_det"]
+    for a, b in zip(measured, measured[1:]):
+        assert events.index(("stop", a)) < events.index(("measure", b)), f"{a} stopped before {b} is measured"
+    assert ("measure", "eagle_det") not in events
+    doc = json.loads((tmp_path / "out" / "bench_serve.json").read_text())
+    assert doc["ratios_detspec_over"]["eagle_rs"]["8"] == pytest.approx(1.05)
+    assert doc["ratios_detspec_over"]["eagle_det"] == {"1": None, "8": None}
+    assert doc["breakdown"]["phases_ms"]["verify_forward"] == pytest.approx(5.0)
+    assert doc["startup_s"]["eagle_det"] is None
+    rows = list(csv.DictReader(open(tmp_path / "out" / "bench_serve.csv")))
+    assert [r["config"] for r in rows] == ["no_spec"] * 2 + ["eagle_rs"] * 2 + ["eagle_det"] * 2 + ["detspec"] * 2
+    assert rows[4]["error"].startswith("server did not start")
+    printed = capsys.readouterr().out
+    assert "detspec / eagle_rs (goal >= 0.97): c=1: 1.050 ok" in printed and "verify_forward" in printed
+    assert (tmp_path / "out" / "step_timing_hook" / "sitecustomize.py").read_text() == step_timing.SITECUSTOMIZE
+
+
+@needs_sglang
+def test_client_imports_bench_serving_without_hf_datasets():
+    """A machine without HF `datasets` (only bench_serving's MMMU module needs it) can still run random-ids."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, builtins\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name.split('.')[0] == 'datasets':\n"
+        "        raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        "from sglang_detspec.serving_bench import client\n"
+        "cli_main, stubbed = client.import_cli_main()\n"
+        "import sglang.benchmark.datasets as d\n"
+        "assert stubbed == ['sglang.benchmark.datasets.mmmu'], stubbed\n"
+        "assert d.DATASET_MAPPING['random-ids'].__name__ == 'RandomDataset'\n"
+        "print('OK')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
