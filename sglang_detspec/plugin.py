@@ -9,6 +9,7 @@ scheduler, DP-controller and detokenizer process. It registers
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
 * a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
 * per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
+* replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
   (:mod:`sglang_detspec.integration.scheduler_check`),
 
@@ -54,6 +55,7 @@ def load_plugin() -> Dict[str, object]:
             algorithm,
             parallel_sampling,
             request_validation,
+            retraction,
             scheduler_check,
             server_args,
         )
@@ -62,6 +64,7 @@ def load_plugin() -> Dict[str, object]:
         server_args.install_resolution_hook()
         request_validation.install_request_validation()
         parallel_sampling.install_parallel_sampling_seeds()
+        retraction.install_retraction_replay()
         scheduler_check.install_scheduler_check()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
@@ -77,6 +80,12 @@ def load_plugin() -> Dict[str, object]:
             if not scheduler_check.scheduler_check_active():
                 raise RuntimeError(
                     f"the scheduler start-up check on {scheduler_check.SCHEDULER_HOOK_TARGET} could not be applied "
+                    "(see the HookRegistry error above)"
+                )
+            if not retraction.retraction_replay_active():
+                raise RuntimeError(
+                    "the retraction replay hooks on "
+                    f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
         algorithm.verify_registration()
@@ -99,7 +108,7 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, scheduler_check, server_args
+    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args
 
     return {
         "sglang_version": compat.installed_sglang_version(),
@@ -107,4 +116,5 @@ def plugin_status() -> Dict[str, object]:
         "resolution_target": compat.resolution_entry_target(),
         "resolution_hook_active": server_args.resolution_hook_active(),
         "scheduler_check_active": scheduler_check.scheduler_check_active(),
+        "retraction_replay_active": retraction.retraction_replay_active(),
     }

@@ -469,3 +469,81 @@ PARALLEL_SAMPLING_SEND_TARGET = "sglang.srt.managers.tokenizer_manager.Tokenizer
 def parallel_sampling_send_target() -> str:
     """Dotted path of the method every choice of an ``n > 1`` request passes through (same name 0.5.17 - 0.5.23)."""
     return PARALLEL_SAMPLING_SEND_TARGET
+
+
+# ---------------------------------------------------------------------------------------------------
+# Retraction: what a rewound request resets, and where its output leaves the scheduler
+# ---------------------------------------------------------------------------------------------------
+#
+# ``Req.reset_for_retract`` (0.5.17 schedule_batch.py:1603, 0.5.23 :2049) keeps ``output_ids``; the scheduler's
+# per-request output step is ``_GenerationStreamAccumulator.accept(self, *, req)`` in
+# ``managers/scheduler_components/output_streamer.py`` on every supported release (0.5.17 :362, 0.5.21 :417,
+# 0.5.23 :444): it advances ``send_token_offset`` / ``send_decode_id_offset`` / ``send_output_token_logprobs_offset``
+# to the current lengths, so it must not run while a rewound request is shorter than what it sent.
+
+RETRACTION_RESET_TARGET = "sglang.srt.managers.schedule_batch.Req.reset_for_retract"
+RETRACTION_ACCEPT_TARGET = (
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"
+)
+
+#: A field whose fresh value depends on the request (``[]`` when it asked for logprobs / a sampling mask, else
+#: ``None``): a list is emptied, anything else kept.
+KEEP_UNLESS_LIST = object()
+
+#: Per holder (``"req"`` the ``Req``, ``"logprob"`` its ``ReqLogprob``), every field a request fills as it emits
+#: tokens, with the value ``Req.__init__`` gives it (0.5.17 - 0.5.23; a field absent on the installed release is
+#: skipped). ``tests/unit/test_retraction_replay.py`` checks the values against a fresh ``Req`` of the installed
+#: release and that no other output-named field exists there.
+PER_OUTPUT_REQ_FIELDS = {
+    "req": {
+        # speculative statistics (meta_info spec_verify_ct, accept length, histograms)
+        "spec_verify_ct": 0,
+        "spec_num_correct_drafts": 0,
+        "spec_num_block_accept_tokens": 0,
+        "spec_num_cap_tokens": 0,
+        "spec_correct_drafts_histogram": [],
+        "spec_cap_lens_histogram": [],
+        # reasoning-token counting (update_reasoning_tokens runs per output token)
+        "reasoning_tokens": 0,
+        "_is_reasoning_over": False,
+        "_think_end_matcher": None,
+        "_think_end_match_len": 0,
+        "_think_start_match_len": 0,
+        # the incremental-detokenization window (init_incremental_detokenize rebuilds it when these are None)
+        "surr_offset": None,
+        "read_offset": None,
+        "finished_len": None,
+        # per-token payloads
+        "hidden_states": [],
+        "hidden_states_tensor": None,
+        "output_token_sampling_mask": KEEP_UNLESS_LIST,
+        "output_token_sampling_logprobs": KEEP_UNLESS_LIST,
+        "output_topk_p": None,
+        "output_topk_index": None,
+        "output_dsa_topk_indices": None,
+        "customized_info": None,
+    },
+    "logprob": {
+        "output_token_logprobs_val": KEEP_UNLESS_LIST,
+        "output_token_logprobs_idx": KEEP_UNLESS_LIST,
+        "output_top_logprobs_val": KEEP_UNLESS_LIST,
+        "output_top_logprobs_idx": KEEP_UNLESS_LIST,
+        "output_token_ids_logprobs_val": KEEP_UNLESS_LIST,
+        "output_token_ids_logprobs_idx": KEEP_UNLESS_LIST,
+    },
+}
+
+
+def retraction_replay_targets() -> Tuple[str, str]:
+    """Dotted paths of ``Req.reset_for_retract`` and the scheduler's per-request output step (same names
+    0.5.17 - 0.5.23)."""
+    return RETRACTION_RESET_TARGET, RETRACTION_ACCEPT_TARGET
+
+
+def finish_abort(message: str) -> Any:
+    """SGLang's abort finish reason with ``message`` (an internal error: HTTP 500)."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return FINISH_ABORT(message, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -51,8 +51,12 @@ def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: A
             f"--speculative-algorithm {algorithm.name}: the target model runner samples with "
             f"{type(sampler).__name__}, not the DETSPEC sampler; sglang-detspec needs updating for this SGLang version"
         )
+    from sglang_detspec.integration.retraction import enable_replay
+
+    enable_replay()  # this scheduler's retracted requests replay from their prompts (see .retraction)
     logger.info(
-        "sglang-detspec: %s runs %s with %s and the DETSPEC target sampler.",
+        "sglang-detspec: %s runs %s with %s and the DETSPEC target sampler; retracted requests replay from "
+        "their prompts.",
         algorithm.name,
         type(spec_worker).__name__,
         type(spec_worker.draft_worker).__name__,

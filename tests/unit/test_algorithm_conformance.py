@@ -262,5 +262,6 @@ def test_load_plugin_reports_status():
     assert status["algorithms"] == NAMES
     assert status["resolution_hook_active"] is True
     assert status["scheduler_check_active"] is True
+    assert status["retraction_replay_active"] is True
     assert status["resolution_target"] == compat.resolution_entry_target()
     assert compat.parse_version(status["sglang_version"]) == compat.parse_version(sglang.__version__)

@@ -15,7 +15,7 @@ import pytest
 
 import sglang_verify_harness as harness
 
-from sglang_detspec.integration import algorithm, scheduler_check, target_sampler
+from sglang_detspec.integration import algorithm, retraction, scheduler_check, target_sampler
 from sglang_detspec.plugin import load_plugin
 
 
@@ -45,7 +45,10 @@ def test_detspec_workers_pass(detspec_eagle):
     scheduler = SimpleNamespace(
         spec_algorithm=detspec_eagle, draft_worker=_spec_worker(DetspecEAGLEWorkerV2, draft, _detspec_sampler())
     )
+    retraction._enabled = False  # noqa: SLF001 - the process flag the check turns on
     assert scheduler_check.check_scheduler_workers("result", scheduler) == "result"
+    assert retraction.replay_enabled()  # a checked DETSPEC scheduler replays its retracted requests
+    retraction._enabled = False  # noqa: SLF001
 
 
 def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
@@ -72,6 +75,7 @@ def test_other_algorithms_and_draftless_pipeline_stages_are_not_checked(detspec_
     assert scheduler_check.check_scheduler_workers(1, builtin) == 1
     draftless = SimpleNamespace(spec_algorithm=detspec_eagle, draft_worker=None)
     assert scheduler_check.check_scheduler_workers(2, draftless) == 2
+    assert not retraction.replay_enabled()  # built-in servers keep upstream's retraction
 
 
 def test_load_plugin_puts_the_check_on_the_scheduler():
