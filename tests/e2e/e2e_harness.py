@@ -117,6 +117,15 @@ PRESSURE_KV_TOKENS = 4096
 PRESSURE_ARGS = ["--max-total-tokens", str(PRESSURE_KV_TOKENS), "--enable-metrics"]
 
 
+#: Forced retraction: SGLang's own test knob (``SGLANG_TEST_RETRACT``, scheduler.py in 0.5.17 - 0.5.23) retracts the
+#: running request with the fewest output tokens every ``SGLANG_TEST_RETRACT_INTERVAL`` decode steps whenever more
+#: than one runs, so a probe sent after the pressure fillers is retracted in most loaded trials, not by chance.
+FORCED_RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
+
+#: A test-harness-only control (tests/e2e/controls/no_retraction_replay/sitecustomize.py): DETSPEC whose retracted
+#: requests are re-prefilled as upstream does, without the replay from the prompt.
+NO_REPLAY_CONTROL = Path(__file__).resolve().parent / "controls" / "no_retraction_replay"
+
 #: A test-harness-only control (tests/e2e/controls/upstream_target_sampler/sitecustomize.py): DETSPEC with its
 #: target sampler handing every seeded top-k / top-p / min-p batch back to SGLang's rank-keyed sorted sampler.
 UPSTREAM_SAMPLER_CONTROL = Path(__file__).resolve().parent / "controls" / "upstream_target_sampler"
@@ -155,6 +164,14 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_pressure_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS),
         # The control under the same pressure: built-in EAGLE's rejection sampling draws from the global RNG.
         ServerSpec("builtin_eagle_rs_pressure", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + PRESSURE_ARGS),
+        # Retraction forced every few steps (FORCED_RETRACT_ENV) on top of the small pool; and the control without
+        # the replay, which must change the retracted probe.
+        ServerSpec("detspec_eagle_forced_retract_graph", detspec + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
+        ServerSpec("detspec_eagle_forced_retract_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS,
+                   env=dict(FORCED_RETRACT_ENV)),
+        ServerSpec("detspec_noreplay_forced_retract", detspec + PRESSURE_ARGS, env=dict(
+            FORCED_RETRACT_ENV, PYTHONPATH=os.pathsep.join(
+                [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
     ]
     specs += multi_layer_specs(models, pair, base)
     for spec in specs:

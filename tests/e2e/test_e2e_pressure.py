@@ -1,20 +1,23 @@
-"""End to end under memory pressure (issue 19): does a seeded probe that SGLang retracts keep its tokens?
+"""End to end under memory pressure (issue 19): a seeded probe that SGLang retracts keeps its tokens.
 
 ``sglang-detspec check --traffic pressure`` against DETSPEC_EAGLE servers on the weighted tiny pair with a 4096-token
 KV pool (``e2e_harness.PRESSURE_ARGS``; CUDA graphs on and off): trial 0 is the probe alone, trials 1-11 send the
 probe just after 31 requests of ~256 new tokens that ask for about twice the pool, so SGLang retracts running
-requests (the youngest, fewest output tokens, first: the late probe) and re-prefills them later. Every trial says
-whether the probe was retracted (``meta_info.num_retractions``) and whether others were (also ``/metrics``
-``sglang:num_retracted_requests_total``, ``--enable-metrics``); the server log's "#retracted_reqs" lines are recorded
-as a third witness.
+requests (the youngest, fewest output tokens, first) and re-prefills them later. Two more DETSPEC servers add
+SGLang's own forced-retraction knob (``e2e_harness.FORCED_RETRACT_ENV``: the request with the fewest output tokens
+is retracted every 3 decode steps), so the late probe is retracted in most loaded trials rather than by chance.
+Every trial says whether the probe was retracted (``meta_info.num_retractions``) and whether others were (also
+``/metrics`` ``sglang:num_retracted_requests_total``, ``--enable-metrics``); the server log's "#retracted_reqs" lines
+are recorded as a third witness.
 
-What is asserted: at least one trial on some DETSPEC server retracted the probe (otherwise the run is no evidence);
-trials that retracted only other requests give the probe alone's tokens; and -- the goal of issue 19, an expected
-failure today (measured: a retracted probe's continuation changes after its re-prefill) -- a retracted probe keeps
-its tokens. The failure message names the first diverging token and which trials retracted the probe.
+What is asserted: the probe was retracted in some trial on every forced server (otherwise the run is no evidence),
+and on every DETSPEC server every trial -- the probe retracted, only others retracted, or none -- gives the probe
+alone's tokens (``sglang_detspec.integration.retraction``: a retracted DETSPEC request replays from its prompt).
 
-Control that must fail if the profile means anything: built-in EAGLE with rejection sampling (global RNG) under the
-same pressure gives more than one probe output.
+Controls that must fail if the run means anything: DETSPEC without the replay
+(``tests/e2e/controls/no_retraction_replay``) under the same forced retraction changes the probe, first in a trial
+that retracted it (measured before the replay existed: tokens 164 and 197 of 256); built-in EAGLE with rejection
+sampling (global RNG) under the same pressure gives more than one probe output.
 """
 
 import json
@@ -42,13 +45,16 @@ _SKIP = h.e2e_skip_reason()
 SEED = 1234
 TRIALS = 12
 PROBE_TOKENS = 256
-DETSPEC = ("detspec_eagle_pressure_graph", "detspec_eagle_pressure_nograph")
+PRESSURE = ("detspec_eagle_pressure_graph", "detspec_eagle_pressure_nograph")
+FORCED = ("detspec_eagle_forced_retract_graph", "detspec_eagle_forced_retract_nograph")
+DETSPEC = PRESSURE + FORCED
+NO_REPLAY = "detspec_noreplay_forced_retract"
 CONTROL = "builtin_eagle_rs_pressure"
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in (*DETSPEC, CONTROL)],
+    *[pytest.mark.e2e_server(name) for name in (*DETSPEC, NO_REPLAY, CONTROL)],
 ]
 
 
@@ -76,7 +82,7 @@ def checks(e2e_pool):
     """One pressure check per server, all at once; a summary of each in e2e_results.json (reports beside it)."""
     out = h.out_dir() / "checks"
     out.mkdir(exist_ok=True)
-    names = (*DETSPEC, CONTROL)
+    names = (*DETSPEC, NO_REPLAY, CONTROL)
     servers = {name: e2e_pool.ready(name) for name in names}
     with ThreadPoolExecutor(len(names)) as pool:
         futures = {name: pool.submit(_check, srv, out / f"pressure_{name}.json") for name, srv in servers.items()}
@@ -110,24 +116,32 @@ def _explain(r: dict) -> str:
             f"{p.get('other_retraction_trials')}, none in {p.get('no_retraction_trials')}\n{r['stdout']}{r['stderr']}")
 
 
-def test_the_probe_was_retracted_somewhere(checks):
-    """The evidence: without a retracted probe the measurement below says nothing about retraction. (H200,
-    2026-12-03: graphs off retracted the probe in 2 of 11 loaded trials, graphs on in none -- the late probe is not
-    always the youngest request when the pool fills.)"""
+def test_the_probe_was_retracted_on_every_forced_server(checks):
+    """The evidence: without a retracted probe the comparison below says nothing about retraction. (H200,
+    2026-12-03, before forcing: the natural pressure retracted the probe in 2 of 11 loaded trials with graphs off
+    and in none with graphs on.)"""
     retracted = {}
-    for name in DETSPEC:
+    for name in DETSPEC + (NO_REPLAY,):
         r = checks[name]
-        assert r["report"], f"no report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
+        assert r["report"], f"no report from {name} (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
         retracted[name] = _pressure(r["report"]).get("probe_retracted_trials")
     h.record("pressure_probe_retracted_trials", retracted)
-    assert any(retracted.values()), (
-        f"no pressure trial retracted the probe on any DETSPEC server ({retracted}): inconclusive, not evidence")
+    for name in FORCED + (NO_REPLAY,):
+        assert retracted[name], f"{name} never retracted the probe ({retracted}): inconclusive, not evidence"
 
 
 @pytest.mark.parametrize("name", DETSPEC)
+def test_a_retracted_probe_keeps_its_tokens(checks, name):
+    """The goal of issue 19: the probe under pressure gives the probe alone's tokens, retracted or not."""
+    r = checks[name]
+    p = _pressure(r["report"])
+    assert p, f"no pressure profile in {name}'s report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
+    assert p.get("unique_outputs") == 1 and not p.get("differing_trials"), _explain(r)
+
+
+@pytest.mark.parametrize("name", PRESSURE)
 def test_retracting_other_requests_leaves_the_probe_unchanged(checks, name):
-    """What holds today: a trial that retracted and re-prefilled other requests, not the probe, gives the probe
-    alone's tokens (the retraction of neighbours is one more batch change)."""
+    """A trial that retracted (and replayed) other requests, not the probe, gives the probe alone's tokens."""
     p = _pressure(checks[name]["report"])
     others = p.get("other_retraction_trials") or []
     assert others, f"no trial retracted only other requests: nothing to compare\n{_explain(checks[name])}"
@@ -135,22 +149,21 @@ def test_retracting_other_requests_leaves_the_probe_unchanged(checks, name):
     assert not changed, _explain(checks[name])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 19, measured on the H200 (sglang 0.5.17, 2026-12-03): a retracted probe is re-prefilled and its "
-    "continuation changes (graphs off: the 2 trials that retracted it diverged at tokens 164 and 197, the 9 others "
-    "kept the probe's tokens)"))
-@pytest.mark.parametrize("name", DETSPEC)
-def test_a_retracted_probe_keeps_its_tokens(checks, name):
-    """The goal of issue 19: the probe under pressure gives the probe alone's tokens, retracted or not."""
-    r = checks[name]
-    p = _pressure(r["report"])
-    assert p.get("probe_retracted_trials"), f"the probe was not retracted here: no evidence\n{_explain(r)}"
-    assert p.get("unique_outputs") == 1 and not p.get("differing_trials"), _explain(r)
-
-
-def test_graphs_on_and_off_give_the_same_probe_alone(checks):
-    first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in DETSPEC}
+def test_every_detspec_server_gives_the_same_probe_alone(checks):
+    first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in DETSPEC + (NO_REPLAY,)}
     assert len(set(first.values())) == 1, first
+
+
+def test_control_without_the_replay_a_retracted_probe_changes(checks):
+    """What the replay fixes: re-prefilled as upstream does, the retracted probe's continuation changes."""
+    r = checks[NO_REPLAY]
+    p = _pressure(r["report"])
+    assert p, f"no pressure profile in the control's report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
+    assert p["probe_retracted_trials"], "the control never retracted the probe: no evidence"
+    assert r["returncode"] == 1 and p["unique_outputs"] > 1, _explain(r)
+    changed = set(p.get("differing_trials") or [])
+    assert changed <= set(p["probe_retracted_trials"]), (
+        f"the control changed in trials that did not retract the probe: {sorted(changed)}\n{_explain(r)}")
 
 
 def test_control_builtin_rejection_sampling_changes_under_pressure(checks):
