@@ -1,7 +1,13 @@
 """DETSPEC multi-layer EAGLE (MTP) worker: every draft proposal is seeded.
 
-Multi-layer EAGLE drafts one token per MTP layer. SGLang samples those
-proposals at four sites (BRIEF §1.2 rows 4-7); this module routes all four
+Multi-layer EAGLE drafts one token per MTP layer. sglang 0.5.23 samples those
+proposals at four sites (rows 4-7 below, numbered after the single-layer rows
+1-3 of :mod:`.single_layer`): ``sample_draft_proposal`` in
+``MultiLayerEagleDraftWorker._draft_extend_for_prefill`` and twice in
+``_draft_extend_for_decode`` (``speculative/multi_layer_eagle_worker_v2.py``),
+and ``fast_sample`` in ``MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal``
+(``speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py``, the
+single-CG runner's in-graph sampler); this module routes all four
 through :func:`sglang_detspec.integration.proposal.seeded_draft_proposal` with
 sglang 0.5.23's keys, on every sglang from 0.5.17 to 0.5.23:
 
@@ -50,11 +56,15 @@ declared in one table (``_upstream``, an :class:`~.upstream_code.ReboundMethods`
 built when the worker is constructed (in the scheduler process, after every
 plugin patch is applied).
 
-q numerics (BRIEF §5 item 13).  Upstream's single-CG runner computes
+q numerics (graph vs eager fallback).  Upstream's single-CG runner computes
 q = softmax(logits / T) with ``wide_row_softmax_triton`` (block-parallel
-reduction), while its eager and per-step decode paths use
-``torch.softmax(logits / T)``; the two round differently (on CPU under the
-Triton interpreter only ~0.5% of entries of a 9000-wide row are bit-equal), so
+reduction; ``MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal``
+in 0.5.17 and 0.5.23), while its eager and per-step decode paths use
+``spec_utils.sample_draft_proposal``: ``torch.softmax(logits / T)`` (0.5.17
+directly; 0.5.23 through ``sglang.kernels.ops.sampling.softmax``, which takes a
+CUDA kernel only for fp32 rows 128256-262144 wide); the two round differently
+(on CPU under the Triton interpreter only ~0.5% of entries of a 9000-wide row
+are bit-equal), so
 a request whose batch falls back to eager (batch larger than the largest
 captured graph) could draw a different token for the same key.  Every
 DETSPEC *decode* site therefore computes q with :func:`decode_draft_softmax`

@@ -35,7 +35,7 @@ Each refusal raises :class:`DetspecConfigError` (a ``ValueError``) at startup, b
 flag and the fix. The table of refusals with their reasons is README.md's "Flags it refuses at startup" (one
 table; ``tests/unit/test_refusal_table.py`` checks that it and the ``_refuse`` calls below name the same flags).
 
-Not refused, documented instead (checked against BRIEF section 5 and the sources):
+Not refused, documented instead (checked against the 0.5.17 and 0.5.23 sources):
 
 * overlap scheduling: allowed. Every sampling key is built from per-request device tensors (seed,
   ``seq_lens`` / positions) on the stream, so the CPU lag of the overlap scheduler cannot shift it.

@@ -2,7 +2,13 @@
 
 Every draft proposal these workers make under rejection sampling goes through
 :func:`sglang_detspec.integration.proposal.seeded_draft_proposal` with the key
-sglang 0.5.23's seeded path uses (BRIEF section 1.2 rows 1-3):
+sglang 0.5.23's seeded path uses (``speculative/eagle_worker_v2.py``:
+``EagleDraftWorker._draft_extend_for_prefill`` calls ``fast_sample(...,
+positions=batch.seq_lens)``, ``draft_forward`` calls ``sample_draft_proposal(...,
+positions=forward_batch.positions + 1, draft_step=i + 1)`` and
+``_draft_extend_for_decode`` calls ``sample_draft_proposal(...,
+positions=batch_result.new_seq_lens)``; rows 1-3, continued by rows 4-7 of
+:mod:`.multi_layer`):
 
 =====================  ==========================================  ============
 site                   key position                                draft_step

@@ -660,7 +660,9 @@ def test_single_cg_padded_rows_do_not_affect_real_rows(spy, monkeypatch):
 
 
 def test_single_cg_matches_eager_decode(spy, monkeypatch):
-    """BRIEF §5 item 13: graph and eager fallback must draw the same tokens."""
+    """Graph and eager fallback must draw the same tokens (a batch larger than
+    the largest captured graph runs eager; upstream's graph q comes from
+    ``wide_row_softmax_triton``, its eager q from ``torch.softmax``)."""
     seq_lens = [10, 300, 7]
     info = make_sampling_info([5, -3, 2**40], [0.6, 1.0, 1.7], [1 << 30, 1, 8])
     logits = step_logits(4, seed=8)

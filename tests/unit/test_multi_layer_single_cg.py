@@ -335,7 +335,8 @@ def test_single_cg_decode_through_worker(env, spy, monkeypatch):
 
 
 def test_single_cg_and_eager_fallback_agree(env, spy, monkeypatch):
-    """BRIEF §5 item 13: a batch that falls back to eager draws the same tokens."""
+    """A batch that falls back to eager draws the same tokens (upstream's graph q
+    comes from ``wide_row_softmax_triton``, its eager q from ``torch.softmax``)."""
     seq_lens, accept = [50, 7, 300], [2, 4, 1]
     info = sampling_info([101, -5, 2**50], [0.8, 1.0, 1.5], [1 << 30, 1, 40])
     patch_prepare_for_draft_extend(monkeypatch)

@@ -9,7 +9,9 @@ names) on CPU. Only what needs a GPU model is faked: the draft model runner's
 ``seeded_draft_proposal`` is replaced by a recorder whose draw is a simple
 function of the key, ``(seed + position + 7 * step) % V`` (argmax of q for
 greedy rows), so the returned token chain also reveals a wrong key.
-Expectations are written from the BRIEF's key table, not from the code:
+Expectations are written from the keys sglang 0.5.23's own seeded calls pass
+(``speculative/eagle_worker_v2.py``: ``_draft_extend_for_prefill``,
+``draft_forward``, ``_draft_extend_for_decode``), not from the code under test:
     prefill draft-extend : (seed, L, 0)
     draft-decode step i  : (seed, seq_lens + i + 1, i + 1)
     decode draft-extend  : (seed, new_seq_lens, 0)

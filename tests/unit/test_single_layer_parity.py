@@ -5,7 +5,9 @@ The same fake draft model and batches go through the builtin
 ``DetspecEagleDraftWorker`` (seeded_draft_proposal -> reference on CPU). Draft
 tokens and the q handed to verify must be identical, except where DETSPEC
 deliberately differs: the prefill draft-extend proposes the argmax for greedy
-rows (0.5.23 draws them at random there, BRIEF section 5 item 2).
+rows (0.5.23's ``EagleDraftWorker._draft_extend_for_prefill`` calls
+``fast_sample`` on the temperature-scaled softmax without ``top_ks``, so a
+greedy row draws at random there).
 
 0.5.17 has no seeded draft path to compare with (its keys are pinned by
 test_single_layer.py instead). Upstream's hash needs an ``sgl_kernel`` op on
