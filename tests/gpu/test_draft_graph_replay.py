@@ -7,7 +7,7 @@ and checks the draft chain and the q handed to verify equal an eager
 ``draft_forward`` of the same batch, with the Triton kernel doing the draws.
 
 The draft *model* is the CPU tests' fake (a logits-table lookup; no weights):
-see tests/unit/test_single_layer.py, whose harness this module reuses. Needs
+see tests/unit/single_layer_fakes.py, which this module reuses. Needs
 SGLang and a CUDA GPU: ``scripts/run_gpu_checks.sh`` runs it on a GPU machine
 (with SGLang 0.5.17 from the bundle).
 """
@@ -29,7 +29,7 @@ pytest.importorskip(
 
 
 def _harness():
-    path = Path(__file__).resolve().parents[1] / "unit" / "test_single_layer.py"
+    path = Path(__file__).resolve().parents[1] / "unit" / "single_layer_fakes.py"
     spec = importlib.util.spec_from_file_location("_detspec_single_layer_harness", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

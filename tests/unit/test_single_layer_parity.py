@@ -10,7 +10,7 @@ rows (0.5.23's ``EagleDraftWorker._draft_extend_for_prefill`` calls
 greedy row draws at random there).
 
 0.5.17 has no seeded draft path to compare with (its keys are pinned by
-test_single_layer.py instead). Upstream's hash needs an ``sgl_kernel`` op on
+test_single_layer_keys.py instead). Upstream's hash needs an ``sgl_kernel`` op on
 CPU tensors; SGLang's own Triton hash kernel is launched under the interpreter
 instead (same kernel it uses on GPUs).
 """
@@ -18,8 +18,6 @@ instead (same kernel it uses on GPUs).
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -30,7 +28,7 @@ from sglang.srt.speculative import spec_utils
 if "sampling_seed" not in __import__("inspect").signature(spec_utils.fast_sample).parameters:
     pytest.skip(
         "this SGLang (0.5.17) has no seeded fast_sample to compare with; "
-        "key parity is covered by test_single_layer.py",
+        "key parity is covered by test_single_layer_keys.py",
         allow_module_level=True,
     )
 
@@ -38,16 +36,8 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker  # noqa: E40
 
 from sglang_detspec.integration import single_layer as sl  # noqa: E402
 
+import single_layer_fakes as H  # noqa: E402
 
-def _harness():
-    path = Path(__file__).resolve().parent / "test_single_layer.py"
-    spec = importlib.util.spec_from_file_location("_detspec_single_layer_harness_p", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _harness()
 V, HIDDEN, TOP_K_ALL = H.V, H.HIDDEN, H.TOP_K_ALL
 SEEDS = [5, 123456789012, -77, 2**62 + 11]
 TOP_KS = [TOP_K_ALL, 1, 20, TOP_K_ALL]

@@ -4,7 +4,7 @@ worker-side checks of integration/worker_checks.py are exercised by the worker t
 ``check_scheduler_workers`` is the AFTER hook the plugin puts on ``Scheduler.maybe_init_draft_worker``: once the
 scheduler built its speculative worker for a DETSPEC algorithm, the worker, its draft worker and the target sampler
 must be the DETSPEC classes. The workers here are real DETSPEC / upstream classes built without their constructors
-(those load models on a GPU); the constructor path is covered by test_single_layer.py / test_multi_layer.py.
+(those load models on a GPU); the constructor path is covered by test_single_layer_construction.py / test_multi_layer_construction.py.
 """
 
 from __future__ import annotations
