@@ -547,3 +547,10 @@ def finish_abort(message: str) -> Any:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     return FINISH_ABORT(message, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def is_abort(finish_reason: Any) -> bool:
+    """Whether ``finish_reason`` is SGLang's abort (a client disconnect, a timeout, an error), not a length/stop."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return isinstance(finish_reason, FINISH_ABORT)

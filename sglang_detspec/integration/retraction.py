@@ -169,7 +169,8 @@ def hold_stream_during_replay(original: Callable, accumulator: Any, *args: Any, 
         # Nothing past what was already sent leaves: after a mismatch the regenerated tokens are not the ones the
         # client holds, and a replay that stopped short has nothing new.
         req.finished_len = min(len(req.output_ids), req.send_token_offset)
-        if not state.failed:
+        if not state.failed and not compat.is_abort(req.finished_reason):
+            # (An abort -- the client went away, a timeout -- stops a replay as it stops any request.)
             # It stopped before reaching what it had sent: the client holds tokens this request did not produce.
             message = (
                 f"sglang-detspec: request {req.rid} was retracted and replayed from its prompt, but it finished "

@@ -120,7 +120,9 @@ PRESSURE_ARGS = ["--max-total-tokens", str(PRESSURE_KV_TOKENS), "--enable-metric
 #: Forced retraction: SGLang's own test knob (``SGLANG_TEST_RETRACT``, scheduler.py in 0.5.17 - 0.5.23) retracts the
 #: running request with the fewest output tokens every ``SGLANG_TEST_RETRACT_INTERVAL`` decode steps whenever more
 #: than one runs, so a probe sent after the pressure fillers is retracted in most loaded trials, not by chance.
-FORCED_RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
+#: (Every 3 steps, upstream's default, a check of 12 trials took over 3 minutes on the H200: every retracted
+#: DETSPEC request regenerates its tokens.)
+FORCED_RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "12"}
 
 #: A test-harness-only control (tests/e2e/controls/no_retraction_replay/sitecustomize.py): DETSPEC whose retracted
 #: requests are re-prefilled as upstream does, without the replay from the prompt.

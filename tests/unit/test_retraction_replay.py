@@ -208,6 +208,20 @@ def test_a_replay_that_finishes_short_of_what_was_sent_is_an_abort(replay_on):
     assert client.ids == TRAJECTORY[:9]
 
 
+def test_a_client_abort_during_the_replay_is_not_reported_as_a_determinism_bug(replay_on, caplog):
+    client = Client(hold=True)
+    req = _req()
+    _emit(req, TRAJECTORY[:9], client)
+    _retract(req)
+    _emit(req, TRAJECTORY[:3], client)
+    req.finished_reason = FINISH_ABORT("client disconnected")  # what the scheduler sets on an abort request
+    with caplog.at_level(logging.ERROR, logger=retraction.__name__):
+        client.step(req)
+    assert client.finish["type"] == "abort" and client.finish["message"] == "client disconnected"
+    assert "determinism bug" not in caplog.text
+    assert client.ids == TRAJECTORY[:9]
+
+
 def test_retracted_again_before_catching_up_keeps_the_longer_sent_list(replay_on):
     client = Client(hold=True)
     req = _req()
