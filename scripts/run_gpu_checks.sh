@@ -6,7 +6,7 @@
 # PART is one of:
 #   unit    GPU unit tests:        python -m pytest -m gpu tests/unit tests/gpu
 #   kernel  kernel GPU checks:     python scripts/gpu_kernel_checks.py --out OUTDIR
-#   bench   sampler benchmark:     python scripts/bench_sampler.py --out OUTDIR   (CSV/PNG in OUTDIR)
+#   bench   sampler benchmark:     python scripts/bench/bench_sampler.py --out OUTDIR   (CSV/PNG in OUTDIR)
 #   e2e     end-to-end tests:      python -m pytest tests/e2e  (real sglang servers on the tiny models;
 #                                   results in OUTDIR/e2e/e2e_results.json, server logs beside it)
 # Default: all four, in that order. Each part's output goes to OUTDIR/<part>.log; the script goes on
@@ -86,7 +86,7 @@ for p in ${ONLY//,/ }; do
         echo "scripts/gpu_kernel_checks.py not found" | tee "$OUTDIR/kernel.log"; RC[kernel]=1
       fi;;
     bench)
-      run_part bench "$PY" scripts/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"};;
+      run_part bench "$PY" scripts/bench/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"};;
     e2e)
       mkdir -p "$OUTDIR/e2e"
       # shellcheck disable=SC2086

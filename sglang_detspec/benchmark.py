@@ -1,6 +1,6 @@
 """Sampler benchmark: the fused seeded kernel vs SGLang 0.5.23's unfused seeded path vs the unseeded race.
 
-    python scripts/bench_sampler.py --out DIR [--quick]        (or: sglang-detspec bench ...)
+    python scripts/bench/bench_sampler.py --out DIR [--quick]        (or: sglang-detspec bench ...)
 
 Needs a CUDA GPU; SGLang is not needed (both comparison paths are re-implemented here):
 
@@ -177,7 +177,7 @@ def run(out_dir: Path, quick: bool = False, calls_per_graph: int = 10, replays: 
 
 
 # ------------------------------------------------------------------------------ shared by the GPU checks
-# Launch variants compared by scripts/bench_kernel_variants.py (and profiled by scripts/profile_stage1.py):
+# Launch variants compared by scripts/bench/bench_kernel_variants.py (and profiled by scripts/bench/profile_stage1.py):
 # name -> the LaunchConfig used when B >= 32, or None: the committed launch table.
 LAUNCH_VARIANTS = {
     "base": None,

@@ -111,7 +111,7 @@ examples:
   {PROG} bench --out results/bench             # full grid: sampler_bench.csv + sampler_bench.png
   {PROG} bench --quick --batch 1 128 --vocab 163840
 
-Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/bench_sampler.py).
+Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/bench/bench_sampler.py).
 """
 
 _BENCH_SERVE_DESCRIPTION = """\

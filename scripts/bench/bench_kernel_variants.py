@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compare launch variants of the fused seeded draft sampler in ONE GPU process (no SGLang needed).
 
-    PYTHONPATH=$PWD python scripts/bench_kernel_variants.py --out DIR [--rows 50000] [--configs ...]
+    PYTHONPATH=$PWD python scripts/bench/bench_kernel_variants.py --out DIR [--rows 50000] [--configs ...]
 
 For every launch variant (``sglang_detspec.benchmark.LAUNCH_VARIANTS``: block size, warps, ptxas register
 cap, applied when B >= 32, through ``seeded_draft_sample(..., config=LaunchConfig(...))``) and the committed
@@ -31,7 +31,7 @@ import time
 from dataclasses import astuple
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton interpreter (small shapes)
     os.environ["TRITON_INTERPRET"] = "1"
 

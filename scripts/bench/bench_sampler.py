@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Sampler benchmark (thin wrapper): see sglang_detspec/benchmark.py.
 
-    python scripts/bench_sampler.py --out DIR [--quick]
+    python scripts/bench/bench_sampler.py --out DIR [--quick]
 """
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 
 from sglang_detspec.benchmark import main  # noqa: E402
 

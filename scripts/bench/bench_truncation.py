@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Row-local truncation benchmark: the Triton kernel vs a torch sort vs FlashInfer's renorm kernels.
 
-    python scripts/bench_truncation.py --out DIR [--quick] [--launch 2048x8,4096x16]
+    python scripts/bench/bench_truncation.py --out DIR [--quick] [--launch 2048x8,4096x16]
 
 Needs a CUDA GPU and torch + triton only (FlashInfer is optional, SGLang is not used).  Methods, each
 captured in a CUDA graph (``--calls-per-graph`` calls back to back) and replayed; the median per-call time
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 
 from sglang_detspec.kernels import truncate_probs_triton  # noqa: E402
 from sglang_detspec.reference import truncate_probs_reference  # noqa: E402

@@ -5,16 +5,16 @@ Nsight Compute (the stage-1 kernel is where the time goes; no SGLang needed):
     ncu --clock-control none --profile-from-start off --kernel-name regex:stage1 \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \\
         --section SchedulerStats --section Occupancy --section InstructionStats \\
-        python3 scripts/profile_stage1.py base b2k ...
+        python3 scripts/bench/profile_stage1.py base b2k ...
 
 Add ``--page raw`` and grep ``pipe_.*_cycles_active`` / ``issue_stalled`` for pipe utilisation and stall
-reasons.  Config names are those of ``sglang_detspec.benchmark.LAUNCH_VARIANTS`` (scripts/bench_kernel_variants.py).
+reasons.  Config names are those of ``sglang_detspec.benchmark.LAUNCH_VARIANTS`` (scripts/bench/bench_kernel_variants.py).
 """
 
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 
 import torch  # noqa: E402
 

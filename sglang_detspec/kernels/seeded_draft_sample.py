@@ -68,7 +68,7 @@ Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot 
 ``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
 compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
 
-Measured (H200, CUDA-graph replay, V=163840, B=128; ``scripts/bench_kernel_variants.py``, 2026-12-02)
+Measured (H200, CUDA-graph replay, V=163840, B=128; ``scripts/bench/bench_kernel_variants.py``, 2026-12-02)
 ---------------------------------------------------------------------------------------------------
 Nsight Compute on the previous version (40.2 us): the ALU pipe (16 lanes per SM sub-partition: LOP3, SHF,
 SEL, ISETP, FMNMX, FSETP, LEA) 82% busy, the FMA pipe 25%, DRAM 46%; ~44 SASS instructions per element.
