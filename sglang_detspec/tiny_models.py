@@ -50,7 +50,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 __all__ = [
     "TINY_PAIRS",
@@ -327,24 +327,36 @@ def ensure_tiny_models(root: Optional[Path] = None, *, pair: str = "dummy") -> T
     root = Path(root) if root is not None else default_cache_root()
     final = root / cache_dir_name(pair)
     models = TinyModels(final / "target", final / "eagle_draft", final / "eagle3_draft")
-    if _complete(models, pair):
-        return models
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-models-", dir=root))
+    build_atomically(final, lambda dest: build_tiny_models(dest, pair=pair), lambda: _complete(models, pair),
+                     what="tiny models", tmp_prefix=".tiny-models-")
+    return models
+
+
+def build_atomically(final: Path, build: Callable[[Path], object], complete: Callable[[], bool], *,
+                     what: str, tmp_prefix: str) -> None:
+    """Make ``final`` a complete directory: unless ``complete()`` already holds, ``build(dest)`` into a
+    temporary sibling of ``final`` and ``os.rename`` it into place.
+
+    A rename onto an existing non-empty directory fails: if ``complete()`` holds then, another process won
+    the race and its (byte-identical) copy is kept; otherwise a stale, incomplete directory (a killed build)
+    is removed and ours takes its place. The temporary directory never outlives the call.
+    """
+    if complete():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix, dir=final.parent))
     try:
-        build_tiny_models(tmp / "m", pair=pair)
+        build(tmp / "build")
         try:
-            os.rename(tmp / "m", final)
-        except OSError:
-            # Lost a race (final now exists, non-empty) -- or a stale, incomplete dir blocks us.
-            if not _complete(models, pair):
+            os.rename(tmp / "build", final)
+        except OSError:  # lost a race, or a stale incomplete directory is in the way
+            if not complete():
                 shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp / "m", final)
+                os.rename(tmp / "build", final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if not _complete(models, pair):
-        raise RuntimeError(f"tiny models at {final} are incomplete after building")
-    return models
+    if not complete():
+        raise RuntimeError(f"{what} at {final}: incomplete after building")
 
 
 def _complete(m: TinyModels, pair: str) -> bool:
@@ -489,22 +501,8 @@ def ensure_mtp_draft(root: Optional[Path] = None, *, pair: str = "dummy") -> Pat
     """
     root = Path(root) if root is not None else default_cache_root()
     final = root / mtp_cache_dir_name(pair)
-    if _mtp_complete(final, pair):
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-mtp-", dir=root))
-    try:
-        build_mtp_draft(tmp / "d", pair=pair)
-        try:
-            os.rename(tmp / "d", final)
-        except OSError:  # lost a race, or a stale incomplete directory is in the way
-            if not _mtp_complete(final, pair):
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp / "d", final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if not _mtp_complete(final, pair):
-        raise RuntimeError(f"tiny multi-layer draft at {final} is incomplete after building")
+    build_atomically(final, lambda dest: build_mtp_draft(dest, pair=pair), lambda: _mtp_complete(final, pair),
+                     what="tiny multi-layer draft", tmp_prefix=".tiny-mtp-")
     return final
 
 
