@@ -28,6 +28,7 @@ class BenchConfig:
     builtin: bool
     extra_args: Tuple[str, ...] = ()
     unavailable: Optional[str] = None
+    opt_in: bool = False  # run only when named in --configs
 
     def speculative_args(self, draft: Path) -> List[str]:
         if self.algorithm is None:
@@ -43,11 +44,15 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     BenchConfig("eagle_det", "built-in deterministic EAGLE (no rejection sampling)", "EAGLE", False, True, True),
     # DETSPEC always samples by rejection (the plugin turns it on); the flag is not passed.
     BenchConfig(DETSPEC, "DETSPEC_EAGLE (deterministic, rejection sampling)", "DETSPEC_EAGLE", False, True, False),
+    # What SGLang's deterministic mode itself costs (batch-invariant kernels), beside "no_spec": the part of the gap
+    # between DETSPEC_EAGLE and built-in EAGLE + RS that no sampler can remove. Opt-in (--configs ...,no_spec_fast),
+    # and after DETSPEC: configurations run in table order, so a time-limited run loses it first.
+    BenchConfig("no_spec_fast", "no speculation (not deterministic)", None, False, False, True, opt_in=True),
     # Hook for the batch-invariant mode: add its server flags here once it exists, and drop `unavailable`.
     BenchConfig("detspec_invariant", "DETSPEC_EAGLE, invariant mode", "DETSPEC_EAGLE", False, True, False,
                 unavailable="the invariant mode is not built yet"),
 )
-DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None)
+DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None and not c.opt_in)
 
 
 def config_by_name(name: str) -> BenchConfig:

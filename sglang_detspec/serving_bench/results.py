@@ -70,7 +70,7 @@ def _usable(row: Optional[Mapping]) -> bool:
 
 
 def compute_ratios(rows: Sequence[Mapping], *, subject: str = "detspec",
-                   builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det")) -> Dict[str, Dict[int, Optional[float]]]:
+                   builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det", "no_spec_fast")) -> Dict[str, Dict[int, Optional[float]]]:
     """``{builtin: {concurrency: subject's output tokens/s / builtin's}}`` for every built-in measured in the same
     run; None where either run failed."""
     by = {(r["config"], r["concurrency"]): r for r in rows}

@@ -198,6 +198,7 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
     startup, breakdown = {}, None
     progress = _Progress(len(order))
     failed: Dict[str, str] = {}
+    interrupted = False
 
     def ready(name: str) -> None:
         try:
@@ -227,10 +228,21 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
                 rows += _run_clients(pool.servers[name], settings, pair, settings.concurrencies, out, name)
             pool.release(name)  # its memory and threads are gone before the next one is measured
             progress.step(name)
+    except KeyboardInterrupt:
+        # Ctrl-C (or `timeout -s INT`) keeps what was measured: the report below marks the runs never reached,
+        # so a time-limited run on a lent GPU still returns its table instead of nothing.
+        interrupted = True
+        _log("interrupted: reporting the runs measured so far")
     finally:
         progress.close()
         pool.close()
-    return _report(settings, out, shape, rows, startup, breakdown, gen_s, time.time() - t_start)
+    if interrupted:
+        measured = {(r["config"], r["concurrency"]) for r in rows}
+        rows += [results.RunResult(config=n, concurrency=c, num_prompts=cfgs.num_prompts(settings, c),
+                                   error="not measured: the benchmark was interrupted")
+                 for n in settings.configs for c in settings.concurrencies if (n, c) not in measured]
+    code = _report(settings, out, shape, rows, startup, breakdown, gen_s, time.time() - t_start)
+    return 1 if interrupted else code
 
 
 def _report(settings, out: Path, shape, rows, startup, breakdown, gen_s: float, wall_s: float) -> int:

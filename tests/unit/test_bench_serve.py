@@ -102,7 +102,14 @@ def test_builtin_configurations():
     assert flag_value(det, "--speculative-algorithm") == "EAGLE" and "--enable-deterministic-inference" in det
     assert "--speculative-use-rejection-sampling" not in det
     assert not [a for a in plain if a.startswith("--speculative")] and "--enable-deterministic-inference" in plain
-    assert [c.name for c in cfgs.CONFIGS if c.builtin] == ["no_spec", "eagle_rs", "eagle_det"]
+    assert [c.name for c in cfgs.CONFIGS if c.builtin] == ["no_spec", "eagle_rs", "eagle_det", "no_spec_fast"]
+
+
+def test_deterministic_mode_cost_is_an_opt_in_configuration():
+    fast = _server("no_spec_fast")
+    assert not [a for a in fast if a.startswith("--speculative")] and "--enable-deterministic-inference" not in fast
+    assert "no_spec_fast" not in cfgs.DEFAULT_CONFIGS
+    assert cfgs.parse_configs("no_spec_fast,no_spec") == ("no_spec", "no_spec_fast")
 
 
 def test_every_configuration_shares_the_target_flags():
@@ -332,15 +339,12 @@ def test_client_runs_each_argv_through_bench_servings_own_cli_main(tmp_path, mon
     assert out.count("counters reset: True") == 1 and "counters reset: False" in out and "exited 1" in out
 
 
-def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeypatch, capsys):
-    """run_benchmark end to end without a GPU: every server started before any is measured (parallel start), each
-    measured alone and stopped, a server that fails to start gives error rows, the report files are written."""
+def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=()):
+    """Patch run_benchmark's servers, pair, client check and clients with fakes that record ``events``."""
     import sys
 
     from sglang_detspec import midsize_models, server_process
     from sglang_detspec.serving_bench import runner
-
-    events = []
 
     class FakeServer:
         def __init__(self, spec, port, log_path, pid_file=None):
@@ -352,20 +356,11 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
 
         def wait_ready(self, timeout):
             events.append(("ready", self.name))
-            if self.name == "eagle_det":
-                raise server_process.ServerStartError("server eagle_det exited with code 1 during start-up; log x")
+            if self.name in fail_to_start:
+                raise server_process.ServerStartError(f"server {self.name} exited with code 1 during start-up; log x")
 
         def stop(self):
             events.append(("stop", self.name))
-
-    speed = {"no_spec": 100.0, "eagle_rs": 200.0, "detspec": 210.0, runner.BREAKDOWN: 50.0}
-
-    def fake_clients(server, settings, pair, concurrencies, out, name):
-        events.append(("measure", name))
-        if name == runner.BREAKDOWN:
-            (out / "step_timing.json").write_text(json.dumps({"steps": 10, "rows": 80, "seconds": dict(
-                {k: 0.0 for k in step_timing._REGIONS}, step=0.1, verify_forward=0.05)}))
-        return [_row(name, c, speed[name] * c) for c in concurrencies]
 
     monkeypatch.setattr(server_process, "launch_skip_reason", lambda: None)
     monkeypatch.setattr(server_process, "Server", FakeServer)
@@ -376,6 +371,25 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
     monkeypatch.setattr(runner.time, "sleep", lambda s: None)
     real_popen = runner.subprocess.Popen
     monkeypatch.setattr(runner.subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "pass"], **kw))
+    return runner, midsize_models
+
+
+def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeypatch, capsys):
+    """run_benchmark end to end without a GPU: every server started before any is measured (parallel start), each
+    measured alone and stopped, a server that fails to start gives error rows, the report files are written."""
+    from sglang_detspec.serving_bench import runner
+
+    events = []
+    speed = {"no_spec": 100.0, "eagle_rs": 200.0, "detspec": 210.0, runner.BREAKDOWN: 50.0}
+
+    def fake_clients(server, settings, pair, concurrencies, out, name):
+        events.append(("measure", name))
+        if name == runner.BREAKDOWN:
+            (out / "step_timing.json").write_text(json.dumps({"steps": 10, "rows": 80, "seconds": dict(
+                {k: 0.0 for k in step_timing._REGIONS}, step=0.1, verify_forward=0.05)}))
+        return [_row(name, c, speed[name] * c) for c in concurrencies]
+
+    runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=("eagle_det",))
     settings = cfgs.BenchSettings(concurrencies=(1, 8), breakdown=True)
     rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 1, "a server that did not start makes the run fail"
@@ -397,6 +411,29 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
     printed = capsys.readouterr().out
     assert "detspec / eagle_rs (goal >= 0.97): c=1: 1.050 ok" in printed and "verify_forward" in printed
     assert (tmp_path / "out" / "step_timing_hook" / "sitecustomize.py").read_text() == step_timing.SITECUSTOMIZE
+
+
+def test_an_interrupted_run_reports_what_it_measured(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or `timeout -s INT` on a lent GPU) while the third configuration runs: the first two keep their rows,
+    the rest are marked not measured, every server is stopped, the files are written and the exit code is 1."""
+    events = []
+
+    def fake_clients(server, settings, pair, concurrencies, out, name):
+        events.append(("measure", name))
+        if name == "eagle_det":
+            raise KeyboardInterrupt
+        return [_row(name, c, 100.0 * c) for c in concurrencies]
+
+    runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients)
+    settings = cfgs.BenchSettings(concurrencies=(1, 8))
+    rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
+    assert rc == 1
+    rows = {(r["config"], r["concurrency"]): r for r in csv.DictReader(open(tmp_path / "out" / "bench_serve.csv"))}
+    assert float(rows[("eagle_rs", "8")]["output_tok_s"]) == 800.0 and not rows[("no_spec", "1")]["error"]
+    for key in [("eagle_det", "1"), ("eagle_det", "8"), ("detspec", "1"), ("detspec", "8")]:
+        assert rows[key]["error"] == "not measured: the benchmark was interrupted", key
+    assert ("measure", "detspec") not in events
+    assert {("stop", n) for n in settings.configs} <= set(events), "every server is stopped"
 
 
 @needs_sglang
