@@ -88,17 +88,23 @@ class ServerSpec:
     env: Dict[str, str] = field(default_factory=dict)
 
 
-def free_port(start: int) -> int:
-    """First port >= start that is free on 127.0.0.1, stepping by 50 so that the few ports each
-    server derives from its own (NCCL, metrics) do not collide with the next server's."""
+def free_port(start: int, span: int = 2) -> int:
+    """First port >= start such that it and the ``span - 1`` ports after it are free on 127.0.0.1 (a server
+    listens on its port and rendezvouses NCCL on the next one, see :meth:`Server.command`), stepping by 50."""
     port = start
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                port += 50
+        if all(_bindable(p) for p in range(port, port + span)):
+            return port
+        port += 50
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 class ServerStartError(RuntimeError):
@@ -133,8 +139,10 @@ class Server:
         return self.spec.name
 
     def command(self) -> List[str]:
+        # An explicit --nccl-port: without one SGLang asks the OS for a free port and binds it later, and servers
+        # starting side by side then race for it (an H200 bench-serve run lost its DETSPEC server to EADDRINUSE).
         return [sys.executable, "-m", "sglang.launch_server", *self.spec.args, "--port", str(self.port),
-                *self.extra_args]
+                "--nccl-port", str(self.port + 1), *self.extra_args]
 
     def start(self) -> None:
         env = dict(os.environ)
