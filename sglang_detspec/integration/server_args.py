@@ -45,9 +45,10 @@ Not refused, documented instead (checked against the 0.5.17 and 0.5.23 sources):
 * ``n > 1``: choice i of a seeded request samples with ``choice_seed(seed, i)`` (choice 0 keeps the seed;
   :mod:`sglang_detspec.choice_seeds`, installed by :mod:`.parallel_sampling`); upstream's one seed for all n
   with ``SGLANG_DETSPEC_SAME_SEED_FOR_N=1`` or ``custom_params={"detspec_same_seed_for_n": true}``.
-* retraction under memory pressure: a retracted request is re-prefilled and its next token is sampled by
-  the target sampler rather than by verify, so the realisation can change under memory pressure
-  (inherent; size ``--max-running-requests`` / ``--mem-fraction-static`` to avoid retraction).
+* retraction under memory pressure: replayed (:mod:`.retraction`). A retracted request restarts from its prompt
+  and regenerates its tokens, each checked against what was already sent and withheld from the client until it is
+  past that point; a mismatch aborts the request with a message naming the token. Grammar-constrained requests
+  are not rewound (their grammar state cannot be) and warn once.
 * multi-layer EAGLE: chosen exactly as upstream chooses it (``--enable-multi-layer-eagle`` or a model
   override), with chunked prefill and the radix cache off (refused otherwise); the multi-layer worker owns its
   numerics caveats.
