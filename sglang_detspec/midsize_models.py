@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import struct
-import tempfile
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional
+
+from sglang_detspec.tiny_models import _common_config, build_atomically
 
 __all__ = ["MidsizeShape", "MidsizePair", "midsize_recipe", "MIDSIZE_VERSION", "TorchDraw", "midsize_configs",
            "tokenizer_json", "build_midsize_pair", "ensure_midsize_pair", "parameter_count"]
@@ -152,8 +151,6 @@ def tokenizer_json(vocab_size: int) -> str:
 
 def midsize_configs(shape: MidsizeShape) -> Dict[str, dict]:
     """``config.json`` of the target (``LlamaForCausalLM``) and of the 1-layer EAGLE draft."""
-    from sglang_detspec.tiny_models import _common_config
-
     def config(layers: int, arch: str) -> dict:
         cfg = _common_config(layers, arch)
         cfg.update({"hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
@@ -277,17 +274,10 @@ def cache_dir_name(shape: MidsizeShape) -> str:
 
 
 def ensure_midsize_pair(root: Path, shape: MidsizeShape = MidsizeShape(), *, device: Optional[str] = None) -> MidsizePair:
-    """The pair under ``root`` (built once, atomically: into a temporary sibling, then renamed)."""
-    root = Path(root)
-    final = root / cache_dir_name(shape)
-    if (final / "midsize.json").is_file():
-        return MidsizePair(final / "target", final / "eagle_draft")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".midsize-", dir=root))
-    try:
-        build_midsize_pair(tmp / "m", shape, device=device)
-        shutil.rmtree(final, ignore_errors=True)  # a stale, incomplete build (no midsize.json)
-        os.rename(tmp / "m", final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    """The pair under ``root`` (built once, atomically: into a temporary sibling, then renamed; see
+    :func:`sglang_detspec.tiny_models.build_atomically`). ``midsize.json`` is written last, so it marks a complete
+    build."""
+    final = Path(root) / cache_dir_name(shape)
+    build_atomically(final, lambda dest: build_midsize_pair(dest, shape, device=device),
+                     lambda: (final / "midsize.json").is_file(), what="mid-size pair", tmp_prefix=".midsize-")
     return MidsizePair(final / "target", final / "eagle_draft")
