@@ -226,7 +226,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         args.url, prompt=args.prompt, seed=args.seed, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, trials=args.trials, max_fillers=args.max_fillers, traffic=args.traffic,
         seeds=args.seeds, timeout=args.timeout, wait=args.wait, api_key=args.api_key,
-        progress=False if args.no_progress else None, logprobs=args.logprobs,
+        progress=False if args.no_progress else None, logprobs=args.logprobs, against=args.against,
     )
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -362,6 +362,10 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for the server to come up (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="the server's --api-key, if it has one")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--against", type=_url, default=None, metavar="URL",
+                   help="a second server (e.g. non-speculative, --enable-deterministic-inference, same target): after "
+                   "the trials the probe is sent to it alone, twice; fail unless its tokens equal trial 0's. "
+                   "Speculation invariance: DETSPEC_EAGLE's rejection sampling is not expected to pass this")
     p.add_argument("--logprobs", action="store_true",
                    help="the probe also returns its output token logprobs and top-5 logprobs; fail unless they are "
                    "bit-identical in every trial with the reference's tokens (the report names the largest difference)")

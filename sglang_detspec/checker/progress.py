@@ -34,8 +34,8 @@ class ProgressBar:
         self._what = what
         self._draw()
 
-    def advance(self) -> None:
-        self.done = min(self.total, self.done + 1)
+    def advance(self, steps: int = 1) -> None:
+        self.done = min(self.total, self.done + steps)
         self._draw()
 
     def _draw(self) -> None:

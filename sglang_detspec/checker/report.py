@@ -121,6 +121,32 @@ class SeedsCheck:
         return not self.collisions
 
 
+@dataclass
+class AgainstCheck:
+    """``--against URL``: the probe sent alone to a second server, which must give the run's reference tokens.
+
+    Against a non-speculative deterministic server this asks for speculation invariance (the same tokens with
+    speculative decoding on or off): rejection sampling (``DETSPEC_EAGLE``) spends its randomness differently from
+    plain sampling and is not expected to pass; the invariant mode is. Two speculative servers with different drafts
+    can be compared the same way. ``sends`` are two, so that a second server which is itself not deterministic is
+    told apart from one that differs from the checked server.
+    """
+
+    url: str
+    server: ServerInfo
+    sends: list[Trial]  # Trial.index: position in this list
+    compared: str  # "output_ids" or "text"
+    divergence: Divergence | None  # the earliest difference from the checked server's reference (trial 0)
+
+    @property
+    def self_consistent(self) -> bool:
+        return len({output_key(t, self.compared == "output_ids") for t in self.sends}) == 1
+
+    @property
+    def passed(self) -> bool:
+        return self.divergence is None
+
+
 def mean_accept_length(trials: list[Trial]) -> float | None:
     vals = [t.spec_accept_length for t in trials if t.spec_accept_length is not None]
     return sum(vals) / len(vals) if vals else None
@@ -143,6 +169,7 @@ class CheckResult:
     seeds_check: SeedsCheck | None = None
     warnings: list[str] = field(default_factory=list)
     logprobs_check: LogprobCheck | None = None  # with --logprobs
+    against: AgainstCheck | None = None  # with --against URL
 
     @property
     def deterministic(self) -> bool:
@@ -151,7 +178,8 @@ class CheckResult:
     @property
     def all_matched(self) -> bool:
         return (self.deterministic and (self.seeds_check is None or self.seeds_check.passed)
-                and (self.logprobs_check is None or self.logprobs_check.passed))
+                and (self.logprobs_check is None or self.logprobs_check.passed)
+                and (self.against is None or self.against.passed))
 
     @property
     def inconclusive(self) -> bool:
@@ -192,6 +220,9 @@ class CheckResult:
             d["seeds_check"]["passed"] = self.seeds_check.passed
         if self.logprobs_check is not None:
             d["logprobs_check"]["passed"] = self.logprobs_check.passed
+        if self.against is not None:
+            d["against"]["passed"] = self.against.passed
+            d["against"]["self_consistent"] = self.against.self_consistent
         return d
 
 
@@ -283,6 +314,21 @@ def _profile_lines(result: CheckResult, p: ProfileResult) -> list[str]:
     return [line, f"         {_profile_setup(result, p)}"]
 
 
+def _against_line(ag: AgainstCheck) -> str:
+    s = ag.server
+    spec = s.speculative_algorithm or "off"
+    det = {True: "on", False: "OFF", None: "unknown"}[s.deterministic_inference]
+    head = f"against: {ag.url} (SGLang {s.version or '?'}, speculative algorithm: {spec}, deterministic inference: {det})"
+    sends = len(ag.sends)
+    if ag.passed:
+        return f"{head}: the probe alone gave trial 0's output in {sends} of {sends} sends"
+    d = ag.divergence
+    agree = f"its {sends} sends agree with each other" if ag.self_consistent else \
+        f"its {sends} sends differ from each other as well"
+    return (f"{head}: differs from trial 0 from {d.unit} {d.position} on (trial 0 has {_show(d.unit, d.expected)}, "
+            f"that server's send {d.trial} has {_show(d.unit, d.got)}); {agree}")
+
+
 def format_check(result: CheckResult) -> str:
     s = result.server
     spec = s.speculative_algorithm or "off"
@@ -327,6 +373,9 @@ def format_check(result: CheckResult) -> str:
     lc = result.logprobs_check
     if lc is not None:
         lines.append(format_logprob_line(lc))
+    ag = result.against
+    if ag is not None:
+        lines.append(_against_line(ag))
     traffic = ", ".join(result.traffic)
     if result.inconclusive:
         lines.append("INCONCLUSIVE: the seeded probe gave one output, but no pressure trial retracted it, so this run "
@@ -335,7 +384,8 @@ def format_check(result: CheckResult) -> str:
     elif result.passed:
         lines.append(f"PASS: the seeded probe gave one output whatever the traffic ({traffic})" + (
             ", with bit-identical logprobs" if lc is not None else "") + (
-            ", and distinct seeds gave distinct outputs" if sc is not None else ""))
+            ", and distinct seeds gave distinct outputs" if sc is not None else "") + (
+            f", and the same tokens as {ag.url}" if ag is not None else ""))
     else:
         why = []
         if not result.deterministic:
@@ -346,5 +396,8 @@ def format_check(result: CheckResult) -> str:
         if lc is not None and not lc.passed:
             why.append("the probe's logprobs changed with the traffic" if lc.differing_trials
                        else "the server returned no logprobs")
+        if ag is not None and not ag.passed:
+            why.append(f"the probe's tokens differ on {ag.url}" + ("" if ag.self_consistent else
+                                                                   " (which is not deterministic itself)"))
         lines.append("FAIL: " + "; ".join(why))
     return "\n".join(lines)

@@ -24,10 +24,12 @@ from sglang_detspec.checker.client import (
     connect,
     fetch_server_info,
     float_or_none,
+    parse_server_url,
     retracted_requests_total,
 )
 from sglang_detspec.checker.progress import ProgressBar
 from sglang_detspec.checker.report import (
+    AgainstCheck,
     CheckResult,
     Divergence,
     FillerRecord,
@@ -220,6 +222,36 @@ def first_divergence(reference: Trial, trials: Sequence[Trial], use_ids: bool) -
     return best
 
 
+#: How often ``--against`` sends the probe to the second server (twice: is that server deterministic itself?).
+AGAINST_SENDS = 2
+
+
+def _connect_against(other: Client, wait: float) -> ServerInfo:
+    """Before any trial: a second server that cannot be reached fails the check in seconds, not after it."""
+    try:
+        return connect(other, wait)
+    except CliError as e:
+        raise type(e)(f"--against {other.url}: {e}") from e
+
+
+def _check_against(other: Client, info: ServerInfo, probe: dict, seed: int, reference: Trial, use_ids: bool, *,
+                   warnings: list[str]) -> AgainstCheck:
+    """Send the probe alone to the second server (after the checked server's trials, so that nothing of it runs
+    beside them) and compare its outputs with the checked server's reference."""
+    plan = tr.TrialPlan("against", 0, tr.ALONE, label="the probe alone on the --against server")
+    try:
+        sends = [_to_trial(i, plan, seed, other.generate(probe)[0], []) for i in range(AGAINST_SENDS)]
+    except CliError as e:
+        raise type(e)(f"--against {other.url}: {e}") from e
+    if info.deterministic_inference is False:
+        warnings.append(f"deterministic inference is OFF on the --against server {other.url}: its sampling_seed is not "
+                        "honoured, so its tokens say nothing about this server's (launch it with "
+                        "--enable-deterministic-inference)")
+    ids = use_ids and all(t.output_ids is not None for t in sends)
+    return AgainstCheck(url=other.url, server=info, sends=sends, compared="output_ids" if ids else "text",
+                        divergence=first_divergence(reference, sends, ids))
+
+
 def _retraction_lists(trials: list[Trial]) -> dict:
     """The pressure profile's loaded trials split by what the server reported about retraction."""
     loaded = [t for t in trials if t.fillers]
@@ -311,6 +343,7 @@ def run_check(
     progress: bool | None = False,
     plan_seed: int = 0,
     logprobs: bool = False,
+    against: str | None = None,
 ) -> CheckResult:
     """Run every profile of ``traffic`` (``trials`` trials each; prefix: six) around the seeded probe and compare
     all its outputs; with ``seeds``, also send the probe once per seed and report seeds with identical outputs.
@@ -318,14 +351,21 @@ def run_check(
     Raises :class:`CliError` (one line) when the server is unreachable, is not SGLang or answers an error.
     ``progress``: a progress bar on stderr (None: only on a terminal). ``logprobs``: the probe also asks for its
     output token logprobs and top logprobs, which must be bit-identical in every trial with the reference's tokens.
+    ``against``: a second server's URL; the probe, sent alone to it, must give the reference's tokens there too
+    (:class:`~sglang_detspec.checker.report.AgainstCheck`; logprobs are not compared across servers).
     """
     profiles = _validate(trials=trials, max_fillers=max_fillers, max_new_tokens=max_new_tokens,
                          temperature=temperature, seeds=seeds, seed=seed, traffic=traffic)
     pressure_fillers = tr.PRESSURE_MAX_FILLERS if "pressure" in profiles else 0
     workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3, pressure_fillers) + 2
     client = Client(url, timeout=timeout, api_key=api_key, pool_size=workers)
+    if against is not None and parse_server_url(against) == client.url:
+        raise CliError(f"--against {against} is the checked server itself; give a second server, e.g. a "
+                       "non-speculative one launched with --enable-deterministic-inference on the same target")
+    other = Client(against, timeout=timeout, api_key=api_key, pool_size=1) if against is not None else None
     try:
         server = connect(client, wait)
+        other_info = _connect_against(other, wait) if other is not None else None
         warnings = []
         if server.deterministic_inference is False:
             warnings.append(
@@ -342,7 +382,8 @@ def run_check(
                            **({"request": dict(lp.PROBE_FIELDS)} if logprobs else {}))
         results: list[Trial] = []
         by_profile: dict[str, tuple[list[Trial], tr.LongLengths | list[str] | None]] = {}
-        total = sum(tr.PREFIX_TRIALS if p == "prefix" else trials for p in profiles) + len(seeds or ())
+        total = sum(tr.PREFIX_TRIALS if p == "prefix" else trials for p in profiles) + len(seeds or ()) + (
+            AGAINST_SENDS if against is not None else 0)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="detspec-check") as pool, \
                 ProgressBar(total, enabled=progress, stream=sys.stderr) as bar:
             runner = _TrialRunner(client, pool, probe, flush_wait_s=min(30.0, timeout))
@@ -377,8 +418,13 @@ def run_check(
                     bar.advance()
                 seeds_check = SeedsCheck(seeds=list(seeds), outputs=outs, collisions=[])
 
-        use_ids = all(t.output_ids is not None for t in results)
-        reference = results[0]
+            use_ids = all(t.output_ids is not None for t in results)
+            reference = results[0]
+            against_check = None
+            if other is not None:
+                bar.show("against " + other.url)
+                against_check = _check_against(other, other_info, probe, seed, reference, use_ids, warnings=warnings)
+                bar.advance(AGAINST_SENDS)
         compared = []
         for name, (mine, sizing) in by_profile.items():
             lengths = sizing if isinstance(sizing, tr.LongLengths) else None
@@ -415,9 +461,12 @@ def run_check(
             logprobs_check=lp.compare_logprobs(
                 reference, results, lambda t: output_key(t, use_ids) == output_key(reference, use_ids)
             ) if logprobs else None,
+            against=against_check,
         )
     finally:
         client.close()
+        if other is not None:
+            other.close()
 
 
 __all__ = ["run_check", "first_divergence", "ServerUnreachable", "DEFAULT_PROMPT", "DEFAULT_SEED", "DEFAULT_TRIALS",

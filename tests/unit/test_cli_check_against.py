@@ -1,0 +1,80 @@
+"""``sglang-detspec check --against URL``: the probe, sent alone to a second server after the trials, must give the
+checked server's reference tokens there too (speculation invariance against a non-speculative server, or two
+drafts against each other). Fake SGLang servers (tests/unit/fake_sglang_server.py) whose outputs are a function of
+prompt, seed and temperature stand in for a speculative and a non-speculative server that agree; the controls are
+a second server that changes the continuation, and one that is not deterministic itself.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from fake_sglang_server import DIVERGE_AT, FakeSGLang, token_ids  # noqa: E402
+from test_cli_check import cli  # noqa: E402
+
+from sglang_detspec.checker import DEFAULT_PROMPT, run_check  # noqa: E402
+from sglang_detspec.command_base import CliError  # noqa: E402
+
+import pytest  # noqa: E402
+
+ARGS = ("--traffic", "uniform", "--trials", "3", "--max-fillers", "2", "--no-progress")
+
+
+def test_a_non_speculative_server_with_the_same_tokens_passes(tmp_path):
+    report = tmp_path / "r.json"
+    with FakeSGLang("deterministic") as spec, FakeSGLang("deterministic", speculative_algorithm=None) as plain:
+        proc = cli("check", "--url", spec.url, "--against", plain.url, *ARGS, "--report", str(report))
+        sent = plain.probe_responses(DEFAULT_PROMPT)
+        asked = [q for q in plain.generate_requests if q["text"] == DEFAULT_PROMPT]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"against: {plain.url} (SGLang 0.5.23, speculative algorithm: off, deterministic inference: on)" \
+        in proc.stdout
+    assert "gave trial 0's output in 2 of 2 sends" in proc.stdout and f"the same tokens as {plain.url}" in proc.stdout
+    # Only the probe went there, alone, twice, with the checked server's seed and parameters.
+    assert len(plain.generate_requests) == 2 == len(asked) and plain.max_inflight == 1
+    assert asked[0]["sampling_params"]["sampling_seed"] == 42
+    assert [r["output_ids"] for r in sent] == [token_ids(DEFAULT_PROMPT, 42, 1.0, n=32)] * 2
+    doc = json.loads(report.read_text())
+    assert doc["passed"] and doc["against"]["passed"] and doc["against"]["self_consistent"]
+
+
+def test_a_server_whose_tokens_differ_fails_at_the_first_differing_token():
+    with FakeSGLang("deterministic") as spec, \
+            FakeSGLang("deterministic", speculative_algorithm=None, diverge_if=lambda req, served: True) as plain:
+        proc = cli("check", "--url", spec.url, "--against", plain.url, *ARGS)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 unique probe output(s) in 3 trials" in proc.stdout, "the checked server itself is deterministic"
+    assert f"differs from trial 0 from token {DIVERGE_AT} on" in proc.stdout
+    assert "its 2 sends agree with each other" in proc.stdout
+    assert f"FAIL: the probe's tokens differ on {plain.url}" in proc.stdout
+
+
+def test_a_second_server_that_is_not_deterministic_itself_is_named_so():
+    with FakeSGLang("deterministic") as spec, FakeSGLang("nondeterministic", deterministic_flag=False) as other:
+        proc = cli("check", "--url", spec.url, "--against", other.url, *ARGS)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "its 2 sends differ from each other as well" in proc.stdout
+    assert "(which is not deterministic itself)" in proc.stdout
+    assert "deterministic inference is OFF on the --against server" in proc.stderr
+
+
+def test_against_the_checked_server_itself_or_an_unreachable_one_is_one_clear_error():
+    with FakeSGLang("deterministic") as spec:
+        with pytest.raises(CliError, match="is the checked server itself"):
+            run_check(spec.url + "/", against=spec.url, trials=2, max_fillers=1, traffic="uniform")
+        gone = FakeSGLang("deterministic")
+        with gone:
+            url = gone.url
+        proc = cli("check", "--url", spec.url, "--against", url, *ARGS, "--timeout", "5")
+        probes = spec.probe_responses(DEFAULT_PROMPT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"sglang-detspec check: error: --against {url}: cannot connect to {url}: Connection refused (is the server "
+        "running? `sglang-detspec serve` starts one)"]
+    assert probes == [], "an unreachable second server fails the check before any trial"
+
+
+def test_a_malformed_against_url_is_refused_by_the_parser():
+    proc = cli("check", "--url", "127.0.0.1:1", "--against", "not a url")
+    assert proc.returncode == 2 and "--against" in proc.stderr
