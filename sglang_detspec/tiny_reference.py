@@ -255,7 +255,7 @@ def estimate_accept_length(
         while len(x) < len(prompt) + new_tokens:
             q = []
 
-            def sample(k: int, logits: torch.Tensor) -> int:
+            def sample(k: int, logits: torch.Tensor, q: list = q) -> int:  # this round's q, bound at definition
                 q.append(_probs(logits, temperature))
                 return int(torch.multinomial(q[-1], 1, generator=gen))
 

@@ -44,8 +44,16 @@ from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
     sglang_version,
     version_tuple,
 )
-from sglang_detspec.tiny_servers import CONTEXT_LENGTH, CUDA_GRAPH_MAX_BS, LONG_CONTEXT_ENV, SPEC_SHAPE  # noqa: F401
-from sglang_detspec.tiny_servers import GRAPHS_OFF, common_args, eagle_args, tiny_pair  # noqa: F401
+from sglang_detspec.tiny_servers import (  # noqa: F401 (re-exported)
+    CONTEXT_LENGTH,
+    CUDA_GRAPH_MAX_BS,
+    GRAPHS_OFF,
+    LONG_CONTEXT_ENV,
+    SPEC_SHAPE,
+    common_args,
+    eagle_args,
+    tiny_pair,
+)
 
 # tests/conftest.py's GPU_SKIP_REASON is the same wording: every GPU test skips with it on CPU (a test module cannot
 # import conftest: pytest loads each conftest.py as the module "conftest" in turn).
@@ -341,7 +349,7 @@ def changing_batch_trials(base_url: str, seed: int, n_trials: int = 16, prompt: 
         reqs = [(prompt, probe_params(seed, max_new_tokens))] + [filler_request(i) for i in range(t - 1)]
         barrier = threading.Barrier(len(reqs))
 
-        def send(r):
+        def send(r, barrier=barrier):  # this trial's barrier, bound at definition rather than looked up per call
             barrier.wait()
             return generate(base_url, r[0], r[1])
 

@@ -134,7 +134,7 @@ class FakeMTPRunner:
 def make_draft_worker(logits_per_step, cuda_graph_runner=None):
     """A DETSPEC draft worker without its GPU-only __init__ (model loading)."""
     worker = object.__new__(ml.DetspecMultiLayerEagleDraftWorker)
-    runners = [FakeMTPRunner(l) for l in logits_per_step]
+    runners = [FakeMTPRunner(layer_logits) for layer_logits in logits_per_step]
     worker.__dict__.update(
         model_config=SimpleNamespace(vocab_size=VOCAB),
         speculative_algorithm=SimpleNamespace(is_standalone=lambda: False),

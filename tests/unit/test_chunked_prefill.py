@@ -25,12 +25,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_detspec.integration import compat
-
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.runtime_context import get_context
+
+from sglang_detspec.integration import compat
 
 ALIGN_ENVS = ("SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE", "SGLANG_TRITON_PREFILL_TRUNCATION_ALIGN_SIZE")
 LONG = 20000          # longer than --max-prefill-tokens (16384, SGLang's default)

@@ -14,12 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import sglang_verify_harness as harness
 import sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner as mlr
 import sglang.srt.speculative.multi_layer_eagle_worker_v2 as mlw
 
 from sglang_detspec.integration import multi_layer as ml
 from sglang_detspec.integration.target_sampler import detspec_sampler_class
+
+import sglang_verify_harness as harness
 from multi_layer_fakes import (  # noqa: F401  (spy: a pytest fixture)
     NUM_DRAFT_TOKENS,
     NUM_STEPS,
@@ -31,7 +32,6 @@ from multi_layer_fakes import (  # noqa: F401  (spy: a pytest fixture)
     spy,
     step_logits,
 )
-
 
 # --------------------------------------------------------------------------
 # the upstream modules keep their names; the stand-in needs a known site

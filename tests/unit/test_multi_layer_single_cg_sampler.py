@@ -100,8 +100,8 @@ def test_single_cg_padded_rows_do_not_affect_real_rows(spy, monkeypatch):
         composite.prepare(draft_extend_forward_batch([10, 20, 30], info))
         logits = step_logits(4, seed=7)
         # Garbage in the padded row: different logits and a different stale key.
-        for l in logits:
-            l[3] = torch.randn(VOCAB, generator=torch.Generator().manual_seed(pad_seed)) * 9
+        for layer_logits in logits:
+            layer_logits[3] = torch.randn(VOCAB, generator=torch.Generator().manual_seed(pad_seed)) * 9
         composite.detspec_keys.sampling_seed[3] = 1000 + pad_seed
         composite.buffers.seq_lens[3] = 77 + pad_seed
         rets = replay_steps(composite, logits)
@@ -127,7 +127,7 @@ def test_single_cg_matches_eager_decode(spy, monkeypatch):
     graph_tokens = torch.cat([r.topk_index[:3] for r in rets], 1)
     graph_q = composite.clone_draft_probs()
 
-    worker = make_draft_worker([l[:3] for l in logits], cuda_graph_runner=NoGraph())
+    worker = make_draft_worker([layer_logits[:3] for layer_logits in logits], cuda_graph_runner=NoGraph())
     patch_prepare_for_draft_extend(monkeypatch)
     batch, result = decode_inputs(seq_lens, [2, 2, 2], info)
     worker._draft_extend_for_decode(batch, result)

@@ -39,7 +39,6 @@ from multi_layer_fakes import (  # noqa: F401  (spy, upstream_kwargs: pytest fix
     upstream_kwargs,
 )
 
-
 # --------------------------------------------------------------------------
 # row 4: prefill, one proposal per MTP layer at position L
 # --------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import sglang_verify_harness as harness
-
 from sglang_detspec.integration import single_layer as sl
 from sglang_detspec.integration.target_sampler import detspec_sampler_class
+
+import sglang_verify_harness as harness
 from single_layer_fakes import (  # noqa: F401  (recorder, eager_torch_compile: pytest fixtures)
     SEEDS,
     SEQ_LENS,
@@ -58,7 +58,7 @@ def test_spec_worker_builds_the_detspec_draft_worker_and_builtin_does_not(monkey
 
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.speculative import eagle_worker_v2
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
     built = []
 

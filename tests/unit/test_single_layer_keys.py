@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from sglang_detspec.integration import single_layer as sl
+
 from single_layer_fakes import (  # noqa: F401  (recorder, eager_torch_compile: pytest fixtures)
     HIDDEN,
     SEEDS,
@@ -38,7 +39,6 @@ from single_layer_fakes import (  # noqa: F401  (recorder, eager_torch_compile: 
     recorder,
     sampling_info,
 )
-
 
 # ---------------------------------------------------------------------------
 # Site 2: draft-decode (draft_forward), eager

@@ -15,10 +15,10 @@ import types
 import pytest
 import torch
 
+from sglang_detspec.integration import target_sampler
+
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params
-
-from sglang_detspec.integration import target_sampler
 
 VOCAB = harness.VOCAB
 
@@ -26,10 +26,10 @@ VOCAB = harness.VOCAB
 @pytest.fixture
 def sampler_on_cpu(monkeypatch):
     """A real ``Sampler`` instance (built without its TP-group constructor) and SGLang's seeded path on CPU."""
+    import importlib
+
     from sglang.srt.layers import sampler as sampler_module
     from sglang.srt.runtime_context import get_context
-
-    import importlib
 
     harness.sglang_hash_on_cpu(monkeypatch)
     murmur = importlib.import_module("sglang.kernels.ops.sampling.murmur_hash").murmur_hash32

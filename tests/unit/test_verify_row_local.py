@@ -17,10 +17,10 @@ import types
 import pytest
 import torch
 
+from sglang_detspec.integration import verify
+
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params
-
-from sglang_detspec.integration import verify
 
 N = 4
 PROBE = Params(seed=1234)

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import sglang_verify_harness as harness
-
 from sglang_detspec.integration import algorithm, retraction, scheduler_check, target_sampler
 from sglang_detspec.plugin import load_plugin
+
+import sglang_verify_harness as harness
 
 
 def _spec_worker(cls, draft_worker, sampler):
@@ -39,7 +39,7 @@ def detspec_eagle():
 
 
 def test_detspec_workers_pass(detspec_eagle):
-    from sglang_detspec.integration.single_layer import DetspecEAGLEWorkerV2, DetspecEagleDraftWorker
+    from sglang_detspec.integration.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
 
     draft = DetspecEagleDraftWorker.__new__(DetspecEagleDraftWorker)
     scheduler = SimpleNamespace(
@@ -52,7 +52,7 @@ def test_detspec_workers_pass(detspec_eagle):
 
 
 def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2, EagleDraftWorker
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
     upstream = _spec_worker(EAGLEWorkerV2, EagleDraftWorker.__new__(EagleDraftWorker), _detspec_sampler())
     with pytest.raises(RuntimeError, match="not a DETSPEC worker"):
@@ -60,7 +60,7 @@ def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
 
 
 def test_an_upstream_target_sampler_is_refused(detspec_eagle):
-    from sglang_detspec.integration.single_layer import DetspecEAGLEWorkerV2, DetspecEagleDraftWorker
+    from sglang_detspec.integration.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
 
     draft = DetspecEagleDraftWorker.__new__(DetspecEagleDraftWorker)
     worker = _spec_worker(DetspecEAGLEWorkerV2, draft, harness.bare_sampler())
