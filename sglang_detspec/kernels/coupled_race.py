@@ -1,0 +1,296 @@
+"""Fused coupled race: SGLang's non-speculative seeded sampler, keyed by token id, without ``[R, V]`` float64.
+
+What it computes (bit for bit): for every row the token ``torch.argmax`` picks from SGLang's float64 scores
+``g(h_t) + float64(l_t)`` -- ``multinomial_with_seed`` on the plugin's token-id keys; the definition, its two
+release / device variants (``cap_unit_uniform``, ``uniform``) and the input (float32 ``torch.log`` of the
+probabilities SGLang's sampler races) are in :mod:`sglang_detspec.coupled_reference`, whose
+:func:`~sglang_detspec.coupled_reference.coupled_race_reference` is the CPU twin.  Upstream materialises
+``[R, V]`` uint32 hashes and float64 scores (12 bytes per element); this kernel reads ``logprobs`` once and
+allocates ``O(R * V / BLOCK)`` bytes.  The speculation-invariant verify and proposal (issue 18) are this race
+on the target's and on the draft's probabilities with the same keys (:func:`coupled_verify` below).
+
+Design (the idea of ``seeded_draft_sample.py``: a float32 screen, exact float64 only where it can matter)
+------------------------------------------------------------------------------------------------------
+Stage 1, grid ``(R, cdiv(V, BLOCK))``, one BLOCK-column chunk per program:
+  * the first three Murmur words (seed low/high, position) are row constants, hashed once per program;
+  * a float32 screen score ``s32 = G32(h) + l`` (:func:`gumbel_f32`) and its chunk maximum ``m32``;
+  * candidates are the elements with ``s32 >= m32 - (2**-8 + 2**-20 |m32|)`` (the bound below); each is
+    re-scored exactly in float64 with upstream's operation order, in increasing index order (strict ``>``
+    keeps the first index of an exact tie).  Nearly every chunk has one candidate (one float64 score);
+  * a chunk holding a NaN or ``+inf`` log-probability or (0.5.17, no cap) a hash of ``2**32 - 1`` (Gumbel
+    ``+inf``; ``+inf + -inf`` is NaN) is scored exactly in float64 as a whole, with ``torch.argmax``'s NaN
+    rule (rare: ``V / 2**32`` per row for the hash);
+  * a chunk whose scores are all ``-inf`` (every token truncated) reports ``(-inf, first index)``, exactly.
+Stage 2, grid ``(R,)``: first NaN, else the first index of the maximum over the chunks' ``(float64, index)``.
+
+Why the screen is exact (the bound)
+-----------------------------------
+``G32`` approximates SGLang's float64 ``g = -log(-log u)``.  For ``1 <= h < 2**32 - 2**23``: ``u32 =
+float(h) * 2**-32`` is within ``2**-23.9`` (relative) of ``u``, ``log`` adds ``<= 2**-22`` absolute (PTX's
+``lg2.approx`` bound, looser than libdevice's), so ``E = -log u >= 2**-9`` has relative error ``<= 2**-13``; for
+``h >= 2**32 - 2**23`` the series ``w + w^2/2 + w^3/3`` in the exact ``w = ~h * 2**-32`` (relative error
+``<= 2**-19.9``).  ``-log E`` then adds ``<= 2**-21``: ``|G32 - g_true| <= 2**-12.9``.  SGLang's own float64
+``u`` near 1 carries ``2**-53`` absolute, ``2**-21`` relative in ``E`` at ``~h = 1``: ``|g64 - g_true| <=
+2**-21``.  ``h = 0`` (``u = 0``, clamped: ``g = -log(log(DBL_MAX)) = -709.78``) is special-cased.  With the
+float32 sum's rounding (``2**-24 |s|``), ``|s32 - s64| <= 2**-12.8 + 2**-24 |s|`` per element, so the true
+maximum ``i*`` satisfies ``s32(i*) >= m32 - 2 (2**-12.8 + 2**-24 |s|) > m32 - (2**-8 + 2**-20 |m32|)``: it is
+a candidate, with a margin of about 14x.  ``-inf`` scores (``l = -inf``) are exact in both.
+``scripts/gpu_kernel_checks.py`` measures ``max |G32 - g64|`` over all 2**32 hashes on the GPU.
+
+CUDA graphs: capturable.  ``seeds`` and ``positions`` are read from device memory at replay time (update
+them in place); the shapes, ``cap_unit_uniform``, ``uniform`` and ``block_size`` are baked into the capture.
+No host synchronisation and no value-dependent host branching (validation reads shapes and dtypes only);
+each call allocates the ``[R]`` output and ``[R, cdiv(V, BLOCK)]`` float64 + int32 partials (from the
+graph's private pool under capture).  :func:`coupled_verify` adds a float32 ``torch.log`` of the target
+probabilities (an ``[R, V]`` float32 temporary; fusing it would need libdevice ``logf`` to match torch's
+CUDA ``log`` bit for bit -- unverified, so not done) and a few ``[B, S+1]`` torch ops.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..coupled_reference import (
+    LOG_U_CAP,
+    UMAX,
+    accept_and_emit,
+    check_coupled_race_inputs,
+    check_verify_inputs,
+    resolve_uniform,
+)
+
+# The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
+from .seeded_draft_sample import INTERPRETED, _fmix32, _mix32
+
+__all__ = ["coupled_race", "coupled_verify", "gumbel_f32", "DEFAULT_BLOCK"]
+
+#: Columns per stage-1 program on a GPU (tests raise or lower it through ``block_size``).
+DEFAULT_BLOCK = 2048
+
+_INT_MAX = tl.constexpr(2147483647)
+_NEG_DBL_MAX = tl.constexpr(-1.7976931348623157e308)  # torch.finfo(float64).min, SGLang's lower clamp of log(u)
+_LOG_U_CAP = tl.constexpr(LOG_U_CAP)  # 0.5.18+'s upper clamp
+_UMAX_F64 = tl.constexpr(float(UMAX))  # exact in float64; Python floats meet float64 tensors as float64 constants
+_RCP_UMAX = tl.constexpr(1.0 / UMAX)  # fl(1 / (2**32 - 1)) = 2**-32 + 2**-64, CUDA torch's multiplier
+_G_HASH_ZERO = tl.constexpr(-709.782712893384)  # g at h = 0: -log(log(DBL_MAX)), float32-rounded in the screen
+_TWO_M32 = tl.constexpr(2.0**-32)
+# Candidate margin (module docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|)
+_ABS_MARGIN = tl.constexpr(2.0**-8)
+_REL_MARGIN = tl.constexpr(2.0**-20)
+
+
+@triton.jit
+def _row_prefix(seed_ptr, pos_ptr, row):
+    """Murmur state after the three row-constant words of the UNSALTED key (seed low, high; position)."""
+    seed = tl.load(seed_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64) & 0xFFFFFFFF  # int32 or int64: the two's complement low word
+    h = tl.zeros([], dtype=tl.uint32)
+    h = _mix32(h, (seed & 0xFFFFFFFF).to(tl.uint32))
+    h = _mix32(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))  # arithmetic shift, masked: the high word
+    h = _mix32(h, pos.to(tl.uint32))
+    return h
+
+
+@triton.jit
+def gumbel_f32(h):
+    """float32 screen value of SGLang's Gumbel noise ``-log(-log(h / (2**32 - 1)))``, within 2**-12.8 of it.
+
+    Every hash gets a finite value (``h = 2**32 - 1`` that of the 0.5.18+ cap; without the cap the kernel
+    flags it instead).  Public so that scripts/gpu_kernel_checks.py measures this very expression.
+    """
+    k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
+    # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
+    # the mask keeps the discarded lanes finite (the interpreter evaluates them too)
+    w = (k & 0x7FFFFF).to(tl.float32) * _TWO_M32
+    e_series = tl.maximum(w * (1.0 + w * (0.5 + w * 0.3333333333333333)), _TWO_M32)  # k = 0: the cap's 2**-32
+    u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced below; keep log finite
+    e = tl.where(k < 0x800000, e_series, -tl.log(u))
+    return tl.where(h == 0, _G_HASH_ZERO, -tl.log(e))
+
+
+@triton.jit
+def _exact_score_of(lp, h_row, col, CAP: tl.constexpr, RECIP: tl.constexpr):
+    """SGLang's float64 score of the token(s) at column(s) ``col`` with float32 log-probability ``lp``, in its
+    operation order (coupled_reference's module docstring).  Every exact score in this file comes from here."""
+    h = _fmix32(_mix32(h_row, col.to(tl.uint32)))
+    if RECIP:
+        u = h.to(tl.float64) * _RCP_UMAX
+    else:
+        u = h.to(tl.float64) / _UMAX_F64  # IEEE division (float64 fdiv is div.rn)
+    a = tl.log(u)
+    a = tl.where(a < _NEG_DBL_MAX, _NEG_DBL_MAX, a)  # clamp(min=finfo.min): only -inf is below
+    if CAP:
+        a = tl.where(a > _LOG_U_CAP, _LOG_U_CAP, a)
+    g = -tl.log(-a)
+    return g + lp.to(tl.float64)
+
+
+@triton.jit
+def _exact_chunk(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr):
+    """Exact float64 argmax of one chunk with torch.argmax semantics: (NaN, first NaN) or (max, first max)."""
+    lp = tl.load(row_ptr + offs, mask=valid, other=float("-inf"))
+    s = _exact_score_of(lp, h_row, offs, CAP, RECIP)
+    nan_i = tl.min(tl.where(valid & (s != s), offs, _INT_MAX), 0)
+    sm = tl.where(valid & (s == s), s, float("-inf"))
+    m = tl.max(sm, 0)
+    idx = tl.min(tl.where(valid & (sm == m), offs, _INT_MAX), 0)
+    has_nan = nan_i < _INT_MAX
+    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_i, idx)
+
+
+@triton.jit
+def _race_stage1(
+    lp_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = lp_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    lo = c * BLOCK
+    offs = lo + tl.arange(0, BLOCK)
+    valid = offs < V
+    lp = tl.load(row_ptr + offs, mask=valid, other=float("-inf"))
+    h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
+    special = valid & ((lp != lp) | (lp == float("inf")))
+    if not CAP:
+        special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
+    res_score = tl.full([], float("-inf"), tl.float64)
+    res_idx = lo
+    if tl.sum(special.to(tl.int32), 0) > 0:
+        res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP)
+    else:
+        s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
+        m = tl.max(s, 0)
+        if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
+            cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
+            n = tl.sum(cand.to(tl.int32), 0)
+            j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+            res_score = _exact_score_of(tl.load(row_ptr + j), h_row, j, CAP, RECIP)
+            res_idx = j
+            rest = cand & (offs != j)
+            k = n - 1
+            while k > 0:  # near ties: the other candidates, in increasing index order
+                j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
+                rest = rest & (offs != j2)
+                k -= 1
+                s64 = _exact_score_of(tl.load(row_ptr + j2), h_row, j2, CAP, RECIP)
+                if s64 > res_score:  # strict: the first index of an exact tie stays
+                    res_score = s64
+                    res_idx = j2
+    tl.store(part_score_ptr + row * NC + c, res_score)
+    tl.store(part_idx_ptr + row * NC + c, res_idx)
+
+
+@triton.jit
+def _race_stage2(part_score_ptr, part_idx_ptr, out_ptr, NC, CB: tl.constexpr):
+    """One program per row: the first NaN chunk's index, else the first index of the maximum chunk score."""
+    row = tl.program_id(0)
+    best_s = tl.full([], float("-inf"), tl.float64)
+    best_i = tl.full([], _INT_MAX, tl.int32)
+    nan_i = tl.full([], _INT_MAX, tl.int32)
+    for start in range(0, NC, CB):
+        cidx = start + tl.arange(0, CB)
+        valid = cidx < NC
+        sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
+        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=_INT_MAX)
+        nan_i = tl.minimum(nan_i, tl.min(tl.where(valid & (sc != sc), ix, _INT_MAX), 0))
+        ok = valid & (sc == sc)
+        m = tl.max(tl.where(ok, sc, float("-inf")), 0)
+        bi = tl.min(tl.where(ok & (sc == m), ix, _INT_MAX), 0)
+        # blocks come in index order: a later block wins only with a strictly larger score (or if none won yet)
+        take = (m > best_s) | (best_i == _INT_MAX)
+        best_s = tl.where(take, m, best_s)
+        best_i = tl.where(take, bi, best_i)
+    tl.store(out_ptr + row, tl.where(nan_i < _INT_MAX, nan_i, best_i).to(tl.int64))
+
+
+def _block_for(vocab: int, block_size: Optional[int]) -> int:
+    if block_size is not None:
+        block = int(block_size)
+    elif INTERPRETED:
+        block = max(1024, min(8192, triton.next_power_of_2(vocab)))  # the interpreter prefers few wide programs
+    else:
+        block = DEFAULT_BLOCK
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    return block
+
+
+def coupled_race(
+    logprobs: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    cap_unit_uniform: bool = True,
+    uniform: Optional[str] = None,
+    block_size: Optional[int] = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """SGLang's ``multinomial_with_seed(logprobs, seeds, positions)`` keyed by token id: int64 tokens ``[R]``.
+
+    Args:
+        logprobs: ``[R, V]`` float32, contiguous in the vocab dimension (a row view of ``[B, S+1, V]`` flattened
+            to ``[B*(S+1), V]`` is read in place): ``torch.log`` of the probabilities SGLang races.
+        seeds: ``[R]`` int64 request seeds; positions: ``[R]`` int32/int64 key positions (low 32 bits used).
+        cap_unit_uniform: SGLang >= 0.5.18's clamp of ``log(u)`` at ``-2**-32``; False reproduces 0.5.17.
+        uniform: ``None`` (torch's own division on this device: ``"reciprocal"`` on CUDA, ``"divide"``
+            elsewhere), or ``"divide"`` / ``"reciprocal"`` explicitly.
+        block_size: columns per stage-1 program, a power of two >= 16 (default 2048; wider under the
+            interpreter); num_warps: per stage-1 program.
+
+    Same answer as the reference on every input, degenerate rows included: an all ``-inf`` row returns token
+    0, a NaN the first NaN, ``+inf`` the first ``+inf`` (or a NaN before it).  CUDA-graph caveats: module docstring.
+    """
+    check_coupled_race_inputs(logprobs, seeds, positions, uniform, float32_only=True)
+    if logprobs.shape[1] > 1 and logprobs.stride(1) != 1:
+        raise ValueError(
+            f"logprobs must be contiguous in its last (vocab) dimension, got strides {tuple(logprobs.stride())} "
+            "(use .contiguous())"
+        )
+    if logprobs.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(
+            f"the Triton kernel needs CUDA tensors (got {logprobs.device}); on CPU use "
+            "sglang_detspec.coupled_reference.coupled_race_reference, or set TRITON_INTERPRET=1 before importing "
+            "sglang_detspec.kernels"
+        )
+    R, V = logprobs.shape
+    out = torch.empty(R, dtype=torch.int64, device=logprobs.device)
+    if R == 0:
+        return out
+    block = _block_for(V, block_size)
+    nc = triton.cdiv(V, block)
+    part_score = torch.empty((R, nc), dtype=torch.float64, device=logprobs.device)
+    part_idx = torch.empty((R, nc), dtype=torch.int32, device=logprobs.device)
+    recip = resolve_uniform(uniform, logprobs.device) == "reciprocal"
+    seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
+    _race_stage1[(R, nc)](
+        logprobs, logprobs.stride(0), seeds, positions, part_score, part_idx, V, nc,
+        CAP=bool(cap_unit_uniform), RECIP=recip, BLOCK=block, num_warps=int(num_warps),
+    )
+    _race_stage2[(R,)](part_score, part_idx, out, nc, CB=min(1024, max(16, triton.next_power_of_2(nc))), num_warps=4)
+    return out
+
+
+def coupled_verify(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    **race_options,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The coupled verify on the kernel: ``(accepted_len int64 [B], emitted int64 [B, S+1])``.
+
+    Same contract as :func:`sglang_detspec.coupled_reference.coupled_verify_reference` (``target_probs``
+    ``[B, S+1, V]`` float32, ``draft_tokens`` ``[B, S]``, ``seeds`` ``[B]``, ``positions`` ``[B, S+1]``);
+    ``race_options`` go to :func:`coupled_race`.  Emitted entries past ``accepted_len + 1`` are -1.
+    """
+    check_verify_inputs(target_probs, draft_tokens, seeds, positions)
+    B, S1, V = target_probs.shape
+    logprobs = torch.log(target_probs.reshape(B * S1, V))  # the torch op SGLang's sampling_from_probs_torch runs
+    target = coupled_race(logprobs, seeds.repeat_interleave(S1), positions.reshape(-1), **race_options)
+    return accept_and_emit(target.view(B, S1), draft_tokens)

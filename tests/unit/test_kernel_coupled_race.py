@@ -1,0 +1,188 @@
+"""The fused coupled race (kernels/coupled_race.py) vs its pure-torch reference (coupled_reference.py).
+
+On CPU the kernel runs under TRITON_INTERPRET=1 (tests/conftest.py): the interpreter executes every program in
+NumPy, so shapes stay small and blocks narrow (several chunks per row).  The reference itself is checked
+against SGLang's ``multinomial_with_seed`` in test_coupled_reference.py; this file needs torch and Triton only.
+Every case runs both release variants (``cap_unit_uniform``) and both float64 uniform forms.
+"""
+
+import pytest
+import torch
+
+from sglang_detspec.coupled_reference import (
+    EMIT_PAD,
+    coupled_gumbel_reference,
+    coupled_race_reference,
+    coupled_verify_reference,
+    position_with_hash,
+)
+from sglang_detspec.kernels.coupled_race import coupled_race, coupled_verify
+from sglang_detspec.reference import murmur3_unsalted_hash
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+VARIANTS = [(True, "divide"), (False, "reciprocal"), (True, "reciprocal"), (False, "divide")]
+
+
+def _rows(R, V, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(R, V, generator=g) * 3.0
+    if kind == "peaked":
+        logits = logits * 4.0
+    if kind == "truncated":  # top-k 5: the rest are zero probabilities (log = -inf), whole chunks of them
+        thr = logits.topk(min(5, V), -1).values[:, -1:]
+        logits = logits.masked_fill(logits < thr, float("-inf"))
+    logprobs = torch.log(torch.softmax(logits, -1))
+    if kind == "flat":
+        logprobs = torch.full((R, V), -float(torch.log(torch.tensor(float(V)))))
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    return logprobs, seeds, positions
+
+
+def _check(logprobs, seeds, positions, cap, uniform, block=None):
+    got = coupled_race(logprobs.to(DEV), seeds.to(DEV), positions.to(DEV), cap_unit_uniform=cap, uniform=uniform,
+                       block_size=block)
+    want = coupled_race_reference(logprobs, seeds, positions, cap_unit_uniform=cap, uniform=uniform)
+    assert got.dtype == torch.int64 and got.shape == (logprobs.shape[0],)
+    assert torch.equal(got.cpu(), want), (got.tolist(), want.tolist())
+    return want
+
+
+@pytest.mark.parametrize(
+    "R,V,kind,block",
+    [
+        (5, 300, "dense", 64),  # partial last chunk
+        (3, 1000, "peaked", None),  # one chunk per row (the interpreter's default block)
+        (4, 777, "truncated", 128),  # all -inf chunks beside a few live tokens
+        (3, 513, "flat", 32),  # every logprob equal: only the noise decides
+        (2, 1, "dense", None),  # V = 1
+        (3, 17, "dense", 16),  # the smallest block, two chunks
+    ],
+)
+def test_kernel_matches_reference_over_shapes(R, V, kind, block):
+    logprobs, seeds, positions = _rows(R, V, kind, seed=R * 1000 + V)
+    for cap, uniform in VARIANTS[:2] if V > 100 else VARIANTS:
+        _check(logprobs, seeds, positions, cap, uniform, block)
+
+
+def test_constructed_near_ties_same_and_other_chunk():
+    """Two tokens whose float64 scores are within 0 .. 1e-2 of each other (inside and outside the screen's
+    margin), in the same chunk or in different chunks; every other token far below."""
+    R, V, block = 24, 384, 128
+    g = torch.Generator().manual_seed(3)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    deltas = [0.0, 1e-9, -1e-9, 1e-7, -1e-7, 1e-5, -1e-5, 1e-3, -1e-3, 3e-3, -6e-3, 1e-2]
+    for cap, uniform in VARIANTS[:2]:
+        gumbel = coupled_gumbel_reference(seeds, positions, V, cap_unit_uniform=cap, uniform=uniform)
+        logprobs = torch.full((R, V), -40.0)
+        for r in range(R):
+            i = int(torch.randint(0, V - 260, (1,), generator=g))
+            j = i + (1 if r % 2 == 0 else 257)  # same chunk / two chunks later
+            logprobs[r, i] = 0.0
+            logprobs[r, j] = float(gumbel[r, i] - gumbel[r, j] + deltas[r % len(deltas)])
+        scores = gumbel + logprobs.double()
+        top2 = scores.topk(2, dim=1).values
+        # the construction does make near ties: most rows' top two are inside the screen's 2**-8 margin
+        assert int(((top2[:, 0] - top2[:, 1]) < 2.0**-8).sum()) >= R * 2 // 3
+        _check(logprobs, seeds, positions, cap, uniform, block)
+
+
+def _row_hitting(seed, token, target_hash):
+    p = position_with_hash(seed, token, target_hash)
+    h = murmur3_unsalted_hash(torch.tensor([seed]), torch.tensor([p]), torch.tensor([token]))
+    assert int(h) == target_hash  # the construction, checked with the forward hash
+    return p
+
+
+def test_hash_extremes_zero_probabilities_and_degenerate_rows():
+    """h = 2**32 - 1 on a live and on a zero-probability token (0.5.17: Gumbel +inf, and +inf + -inf = NaN),
+    h = 0 (the -DBL_MAX clamp: a finite score), all -inf rows, NaN and +inf entries (first NaN; exact ties of
+    +inf scores: first index)."""
+    V, block = 200, 64
+    R = 10
+    seeds = torch.tensor([11, -5, 2**40 + 1, 7, 8, 9, 10, 12, 13, 14], dtype=torch.int64)
+    positions = torch.randint(0, 2**32, (R,), generator=torch.Generator().manual_seed(1))
+    logprobs, _, _ = _rows(R, V, "dense", seed=9)
+    positions[0] = _row_hitting(11, 150, 0xFFFFFFFF)  # a live token at u = 1
+    positions[1] = _row_hitting(-5, 70, 0xFFFFFFFF)
+    logprobs[1, 70] = float("-inf")  # a zero-probability token at u = 1
+    positions[2] = _row_hitting(2**40 + 1, 3, 0)
+    logprobs[2, 3] = 0.0  # h = 0: score -709.78, far below its float32-screen neighbours' -3.1 floor ...
+    logprobs[2, 10] = -30.0  # ... so this one (score -30 + g >= -33.1) wins; an unclamped screen would hide it
+    logprobs[2, 11:] = float("-inf")
+    logprobs[2, :3] = float("-inf")
+    logprobs[2, 4:10] = float("-inf")
+    positions[9] = _row_hitting(14, 3, 0)
+    logprobs[9] = float("-inf")
+    logprobs[9, 3] = -1.0  # the only live token has h = 0: finite, so it beats the -inf rest
+    logprobs[3] = float("-inf")  # every token truncated: token 0
+    logprobs[4, 120] = float("nan")
+    logprobs[4, 20] = float("nan")
+    logprobs[5, 40] = float("inf")
+    logprobs[5, 170] = float("inf")  # +inf in two chunks
+    logprobs[6, 199] = float("inf")  # in the partial last chunk
+    logprobs[7, 5] = float("inf")
+    logprobs[7, 6] = float("inf")  # +inf twice in one chunk
+    logprobs[8, :100] = float("-inf")
+    for cap, uniform in VARIANTS:
+        want = _check(logprobs, seeds, positions, cap, uniform, block).tolist()
+        # what the definition implies on these rows, independently of either implementation
+        assert want[2:8] == [10, 0, 20, 40, 199, 5] and want[9] == 3
+        if cap:
+            assert want[1] != 70  # capped: the zero-probability token scores -inf
+        else:
+            assert want[0] == 150 and want[1] == 70  # +inf wins; NaN wins
+
+
+def test_strided_rows_and_int32_positions():
+    B, S1, V = 3, 3, 300
+    logprobs, seeds, positions = _rows(B * S1, V, "dense", seed=4)
+    buf = torch.full((B, S1 + 1, V), float("nan"))
+    buf[:, 1:] = logprobs.view(B, S1, V)
+    view = buf[:, 2]  # row stride (S1 + 1) * V, read in place
+    got = coupled_race(view.to(DEV), seeds[:B].to(DEV), positions[:B].to(torch.int32).to(DEV), block_size=128)
+    want = coupled_race_reference(view.contiguous(), seeds[:B], positions[:B].to(torch.int32))
+    assert torch.equal(got.cpu(), want)
+    assert torch.equal(want, coupled_race_reference(view.contiguous(), seeds[:B], positions[:B] & 0xFFFFFFFF))
+
+
+def test_verify_wrapper_matches_reference():
+    B, S, V = 4, 3, 160
+    g = torch.Generator().manual_seed(8)
+    probs = torch.softmax(torch.randn(B, S + 1, V, generator=g) * 2, -1)
+    probs[0, 1, 100:] = 0.0  # a truncated verify row
+    seeds = torch.randint(-(2**63), 2**63 - 1, (B,), generator=g)
+    positions = torch.randint(0, 2**31, (B, 1), generator=g) + torch.arange(S + 1)
+    target = coupled_race_reference(
+        torch.log(probs.reshape(-1, V)), seeds.repeat_interleave(S + 1), positions.reshape(-1)
+    ).view(B, S + 1)
+    drafts = target[:, :S].clone()
+    drafts[1, 0] = (drafts[1, 0] + 1) % V  # rejected at once
+    drafts[2, 2] = (drafts[2, 2] + 1) % V  # rejected at the last draft
+    acc_k, emit_k = coupled_verify(probs.to(DEV), drafts.to(DEV), seeds.to(DEV), positions.to(DEV), block_size=64)
+    acc_r, emit_r = coupled_verify_reference(probs, drafts, seeds, positions)
+    assert torch.equal(acc_k.cpu(), acc_r) and torch.equal(emit_k.cpu(), emit_r)
+    assert acc_r.tolist() == [S, 0, 2, S]
+    assert emit_r[1].tolist() == [int(target[1, 0])] + [EMIT_PAD] * S
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda a: dict(a, logprobs=a["logprobs"].double()), "float32"),
+        (lambda a: dict(a, logprobs=a["logprobs"][0]), "2-D"),
+        (lambda a: dict(a, logprobs=torch.zeros(3, 128, device=DEV)[:, ::2]), "contiguous in its last"),
+        (lambda a: dict(a, seeds=a["seeds"].to(torch.int32)), "int64"),
+        (lambda a: dict(a, positions=a["positions"].float()), "int32 or int64"),
+        (lambda a: dict(a, positions=a["positions"][:1]), "one entry per logprobs row"),
+        (lambda a: dict(a, uniform="half"), "uniform must be"),
+        (lambda a: dict(a, block_size=100), "power of two"),
+    ],
+)
+def test_invalid_inputs_are_refused_with_the_fix(change, match):
+    logprobs, seeds, positions = _rows(3, 64, "dense", seed=0)
+    args = dict(logprobs=logprobs.to(DEV), seeds=seeds.to(DEV), positions=positions.to(DEV))
+    bad = change(args)
+    with pytest.raises(ValueError, match=match):
+        coupled_race(bad.pop("logprobs"), bad.pop("seeds"), bad.pop("positions"), **bad)
