@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
            "parse_configs", "parse_concurrencies", "num_prompts", "server_args", "bench_serving_command",

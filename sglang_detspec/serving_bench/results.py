@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 __all__ = ["RunResult", "parse_bench_serving_line", "read_bench_serving_file", "compute_ratios", "write_csv",
            "write_json", "write_plot", "format_table", "format_ratios", "GOALS", "CSV_FIELDS"]
