@@ -17,6 +17,9 @@
    race (the vLLM method, PRs 43150/51367: one top token plus T tail tokens at -gap nats; z-score of the
    tail hit count, |z| <= 4 required); independence of draft steps k and k+1 at the same (seed, position)
    (chi-square independence on a 16x16 table, p > 1e-3, and |Pearson r| * sqrt(N) <= 4).
+4. Coupled race (issue 18, ``kernels/coupled_race.py``): its float32 Gumbel screen against float64 for all 2**32
+   hashes (2**-11 absolute), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
+   where SGLang is absent) on >= 10**6 rows incl. constructed near ties and u = 1 / u = 0 hashes.  Zero mismatches.
 Prints a summary and writes ``DIR/kernel_checks.json``; exit status 0 iff every check passed.
 """
 
@@ -45,6 +48,8 @@ from sglang_detspec.upstream_replica import (  # noqa: E402
 )
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
+from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
+from sglang_detspec.kernels.coupled_race import coupled_race, gumbel_f32  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -328,6 +333,81 @@ def check_statistics(n: int) -> list:
                     pearson_r=r, r_sqrt_n=r * math.sqrt(float(N)), passed=pv > 1e-3 and abs(r) * math.sqrt(float(N)) <= 4))
     return out
 
+# ----------------------------------------------------------------------------------------------- 4
+# The coupled race (kernels/coupled_race.py, issue 18): its float32 screen over all hashes, and its tokens vs
+# SGLang's own compiled sampling_from_probs_torch (token-id keyed) on >= 10**6 rows -- or, without SGLang, vs
+# the reference on the GPU (torch's own CUDA division: the reciprocal form).
+@triton.jit
+def _gumbel_error_kernel(out_ptr, PER_PROG: tl.constexpr, BLOCK: tl.constexpr):
+    worst = tl.zeros([BLOCK], dtype=tl.float64)
+    base = tl.program_id(0).to(tl.int64) * PER_PROG
+    for t in range(0, PER_PROG, BLOCK):
+        hv = (base + t + tl.arange(0, BLOCK)).to(tl.uint32)
+        a = tl.log(hv.to(tl.float64) * 2.3283064370807974e-10)  # SGLang's float64 g (reciprocal form, capped)
+        a = tl.where(a < -1.7976931348623157e308, -1.7976931348623157e308, a)
+        a = tl.where(a > -2.3283064365386963e-10, -2.3283064365386963e-10, a)
+        worst = tl.maximum(worst, tl.abs(gumbel_f32(hv).to(tl.float64) + tl.log(-a)))
+    tl.store(out_ptr + tl.program_id(0), tl.max(worst, 0))
+
+
+def check_gumbel_screen() -> dict:
+    out = torch.empty((1 << 32) >> 16, dtype=torch.float64, device=DEV)
+    _gumbel_error_kernel[(out.numel(),)](out, PER_PROG=1 << 16, BLOCK=1024)
+    worst = float(out.max())  # the proof assumes 2**-12.8; the candidate margin 2**-8 covers twice 2**-11
+    return dict(name="coupled race: float32 Gumbel screen, all 2**32 hashes", max_abs_err=worst,
+                log2_max_abs_err=math.log2(worst), bound=2.0**-11, passed=worst < 2.0**-11)
+
+
+def check_coupled_parity(total_rows: int, log) -> dict:
+    try:
+        from sglang.srt.layers.sampler import sampling_from_probs_torch as upstream
+
+        from sglang_detspec.integration import compat
+
+        against, cap = "sglang", compat.parse_version(compat.installed_sglang_version()) >= (0, 5, 18)
+    except Exception:  # no SGLang here: the reference, whose CUDA ops are SGLang's
+        against, cap = "reference", True
+        def upstream(probs, sampling_seed, positions):
+            return coupled_race_reference_probs(probs, sampling_seed, positions, cap_unit_uniform=True)
+    g = torch.Generator(device=DEV).manual_seed(4321)
+    vocabs, kinds, temps = [151936, 32000, 4099], ["dense", "topk50", "flat", "peaked", "ties"], [0.3, 1.0, 3.0]
+    rows = mism = divide_mism = batches = 0
+    t0 = time.time()
+    while rows < total_rows:
+        V, kind, temp = vocabs[batches % 3], kinds[(batches // 3) % 5], temps[(batches // 15) % 3]
+        B = max(64, min(8192, int(2.4e9 // (V * (16 if against == "sglang" else 72)))))
+        seeds = torch.randint(-(2**63), 2**63 - 1, (B,), device=DEV, dtype=torch.int64, generator=g)
+        pos = torch.randint(0, 2**40, (B,), device=DEV, dtype=torch.int64, generator=g)
+        if kind == "ties":  # tokens i and j within 0 .. 1e-3 (log space) of a tie, every other token far below
+            B = min(B, 512)
+            seeds, pos = seeds[:B], pos[:B]
+            gum = coupled_gumbel_reference(seeds, pos, V, cap_unit_uniform=cap)
+            j = gum.argmax(1)
+            i = torch.randint(0, V, (B,), device=DEV, generator=g)
+            delta = (torch.rand(B, device=DEV, generator=g) - 0.5) * 2e-3 * (torch.arange(B, device=DEV) % 3 > 0)
+            lj = math.log(0.3) + (gum.gather(1, i[:, None]) - gum.gather(1, j[:, None])).squeeze(1) + delta
+            probs = torch.full((B, V), 1e-30, device=DEV)
+            probs.scatter_(1, i[:, None], 0.3)
+            probs.scatter_(1, j[:, None], torch.exp(lj).float()[:, None])
+            del gum
+        else:
+            probs = rand_probs(kind, B, V, temp, g)
+        for r in range(0, B, 97):  # hash extremes: a (sometimes zero-probability) token at u = 1 or u = 0
+            tok = (r * 7919) % V
+            pos[r] = position_with_hash(int(seeds[r]), tok, 0 if r % 3 == 2 else 0xFFFFFFFF)
+            if r % 3 == 1:
+                probs[r, tok] = 0.0
+        want = upstream(probs.clone(), sampling_seed=seeds, positions=pos).to(torch.int64).view(-1)
+        logprobs = torch.log(probs)
+        mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap) != want).sum())
+        divide_mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap, uniform="divide") != want).sum())
+        rows, batches = rows + B, batches + 1
+        if batches % 50 == 0:
+            log(f"  coupled parity: {rows} rows, {mism} mismatches, {time.time() - t0:.0f}s")
+        del probs, logprobs, want
+    return dict(name=f"coupled race vs {against} (token-id keyed, cap={cap})", rows=rows, mismatches=mism,
+                divide_form_mismatches=divide_mism, passed=mism == 0, seconds=round(time.time() - t0, 1))
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -349,13 +429,13 @@ def main(argv=None) -> int:
 
     results = []
     t0 = time.time()
-    for fn in (check_e2_bound, check_score_bound, check_degenerate):
+    for fn in (check_e2_bound, check_score_bound, check_degenerate, check_gumbel_screen):
         r = fn()
         results.append(r)
         log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
             f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
     for r in [check_cpu_reference(64 if args.quick else 256), check_near_ties(max(2048, rows // 50), log),
-              check_parity(rows, log)]:
+              check_parity(rows, log), check_coupled_parity(rows, log)]:
         results.append(r)
         log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
             f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
