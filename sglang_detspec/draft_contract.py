@@ -12,7 +12,8 @@ under CUDA-graph capture too.  torch only; the key layout's limits come from :mo
   half-precision ``probs``;
 * :func:`check_draft_sample_inputs`: all of a sampler's inputs (``probs`` float32, ``greedy``,
   ``draft_step``); the reference's contract;
-* :func:`check_kernel_inputs`: the kernel's, that plus its memory layout and device.
+* :func:`check_kernel_inputs`: the kernel's, that plus one device for all inputs (the memory layout and
+  CUDA-or-interpreter checks every kernel shares are in ``kernels.launch_checks``).
 """
 
 from __future__ import annotations
@@ -74,23 +75,12 @@ def check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greed
     keys.check_draft_step(int(draft_step), probs.shape[1])
 
 
-def check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy, *, interpreted: bool) -> None:
-    """The Triton kernel's inputs: :func:`check_draft_sample_inputs`, a dense vocab dimension, one device, and
-    CUDA tensors unless Triton's interpreter runs the kernel (``interpreted``)."""
+def check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy) -> None:
+    """The Triton kernel's inputs: :func:`check_draft_sample_inputs` and all of them on one device.  The
+    launch preconditions every kernel shares (a dense vocab dimension; CUDA tensors unless Triton's
+    interpreter runs) the kernel checks itself, through :mod:`sglang_detspec.kernels.launch_checks`."""
     check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
-    # The kernel addresses a row as base + row * stride(0) + column: only the vocab dimension must be dense.
-    if probs.shape[1] > 1 and probs.stride(1) != 1:
-        raise ValueError(
-            f"probs must be contiguous in its last (vocab) dimension, got strides {tuple(probs.stride())}; "
-            "row views such as draft_probs[:bs, step] are fine, a transposed tensor is not (use .contiguous())"
-        )
     dev = probs.device
     for name, t in (("sampling_seed", sampling_seed), ("positions", positions), ("greedy", greedy)):
         if t is not None and t.device != dev:
             raise ValueError(f"{name} is on {t.device} but probs is on {dev}; all inputs must share a device")
-    if dev.type != "cuda" and not interpreted:
-        raise ValueError(
-            f"the Triton kernel needs CUDA tensors (got {dev}); on CPU use "
-            "sglang_detspec.reference.seeded_draft_sample, or set TRITON_INTERPRET=1 before importing "
-            "sglang_detspec.kernels"
-        )

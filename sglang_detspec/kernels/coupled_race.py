@@ -62,9 +62,10 @@ from ..coupled_reference import (
     check_verify_inputs,
     resolve_uniform,
 )
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 
 # The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
-from .seeded_draft_sample import INTERPRETED, _fmix32, _mix32
+from .seeded_draft_sample import _fmix32, _mix32
 
 __all__ = ["coupled_race", "coupled_verify", "gumbel_f32", "DEFAULT_BLOCK"]
 
@@ -247,17 +248,8 @@ def coupled_race(
     0, a NaN the first NaN, ``+inf`` the first ``+inf`` (or a NaN before it).  CUDA-graph caveats: module docstring.
     """
     check_coupled_race_inputs(logprobs, seeds, positions, uniform, float32_only=True)
-    if logprobs.shape[1] > 1 and logprobs.stride(1) != 1:
-        raise ValueError(
-            f"logprobs must be contiguous in its last (vocab) dimension, got strides {tuple(logprobs.stride())} "
-            "(use .contiguous())"
-        )
-    if logprobs.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(
-            f"the Triton kernel needs CUDA tensors (got {logprobs.device}); on CPU use "
-            "sglang_detspec.coupled_reference.coupled_race_reference, or set TRITON_INTERPRET=1 before importing "
-            "sglang_detspec.kernels"
-        )
+    require_vocab_contiguous("logprobs", logprobs)
+    require_cuda_or_interpreter(logprobs, "sglang_detspec.coupled_reference.coupled_race_reference")
     R, V = logprobs.shape
     out = torch.empty(R, dtype=torch.int64, device=logprobs.device)
     if R == 0:

@@ -46,7 +46,6 @@ counts but are bounded (31 bisection steps, ``cdiv(V, BLOCK)`` tiles per pass): 
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -54,11 +53,9 @@ import triton
 import triton.language as tl
 
 from ..truncation_contract import TRUNCATION_FIXED_POINT_BITS, truncation_out_is_input, validate_truncation_inputs
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 
 __all__ = ["truncate_probs_triton", "INTERPRETED"]
-
-#: True when Triton runs kernels in its NumPy interpreter (``TRITON_INTERPRET=1`` set before import).
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _INT32_MAX = tl.constexpr(2147483647)
 _ABS_BITS = tl.constexpr(0x7FFFFFFF)
@@ -302,18 +299,13 @@ def _row_truncation_kernel(
 
 def _validate(probs, top_ks, top_ps, min_ps, renormalize, out) -> None:
     validate_truncation_inputs(probs, top_ks, top_ps, min_ps, renormalize, out)
-    for name, t in (("probs", probs), ("out", out)):
-        if t is not None and t.shape[1] > 1 and t.stride(1) != 1:
-            raise ValueError(
-                f"{name} must be contiguous in its last (vocab) dimension, got strides {tuple(t.stride())}; "
-                "row views such as probs[::2] are fine, a transposed tensor is not (use .contiguous())"
-            )
-    if probs.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(
-            f"the Triton kernel needs CUDA tensors (got {probs.device}); on CPU use "
-            "sglang_detspec.reference.truncate_probs_reference (or sglang_detspec.integration.truncation."
-            "truncate_probs), or set TRITON_INTERPRET=1 before importing sglang_detspec.kernels"
-        )
+    require_vocab_contiguous("probs", probs)
+    require_vocab_contiguous("out", out)
+    require_cuda_or_interpreter(
+        probs,
+        "sglang_detspec.reference.truncate_probs_reference "
+        "(or sglang_detspec.integration.truncation.truncate_probs)",
+    )
 
 
 def truncate_probs_triton(

@@ -97,7 +97,6 @@ the capture.  No host synchronisation; the only allocations are the two outputs 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -107,14 +106,12 @@ import triton.language as tl
 
 from .. import keys
 from ..draft_contract import check_kernel_inputs
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 
 __all__ = [
     "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "neg_log2_u_f32", "race_score_f32",
     "INTERPRETED",
 ]
-
-#: True when Triton runs kernels in its NumPy interpreter (``TRITON_INTERPRET=1`` set before import).
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _INT_MAX = tl.constexpr(2147483647)
 # The key layout's constants, from their one definition (sglang_detspec.keys): the salt is added as its two
@@ -539,7 +536,9 @@ def seeded_draft_sample(
     CUDA graphs: capturable; update ``sampling_seed``, ``positions`` and ``greedy`` in place between
     replays.  ``draft_step`` and the shapes are fixed at capture.  Never synchronises with the host.
     """
-    check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy, interpreted=INTERPRETED)
+    check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy)
+    require_vocab_contiguous("probs", probs, row_view="draft_probs[:bs, step]")
+    require_cuda_or_interpreter(probs, "sglang_detspec.reference.seeded_draft_sample")
     return _launch(probs, sampling_seed, positions, int(draft_step), greedy, config, block_size, num_warps)
 
 
