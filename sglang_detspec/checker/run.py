@@ -226,16 +226,22 @@ def first_divergence(reference: Trial, trials: Sequence[Trial], use_ids: bool) -
 AGAINST_SENDS = 2
 
 
-def _connect_against(other: Client, wait: float) -> ServerInfo:
-    """Before any trial: a second server that cannot be reached fails the check in seconds, not after it."""
+def _connect_against(other: Client, wait: float, warnings: list[str]) -> ServerInfo:
+    """Before any trial: a second server that cannot be reached fails the check in seconds, not after it, and one
+    that does not honour sampling_seed is said so while there is still time to stop the check."""
     try:
-        return connect(other, wait)
+        info = connect(other, wait)
     except CliError as e:
         raise type(e)(f"--against {other.url}: {e}") from e
+    if info.deterministic_inference is False:
+        warnings.append(f"deterministic inference is OFF on the --against server {other.url}: its sampling_seed is not "
+                        "honoured, so its tokens say nothing about this server's (launch it with "
+                        "--enable-deterministic-inference)")
+    return info
 
 
-def _check_against(other: Client, info: ServerInfo, probe: dict, seed: int, reference: Trial, use_ids: bool, *,
-                   warnings: list[str]) -> AgainstCheck:
+def _check_against(other: Client, info: ServerInfo, probe: dict, seed: int, reference: Trial,
+                   use_ids: bool) -> AgainstCheck:
     """Send the probe alone to the second server (after the checked server's trials, so that nothing of it runs
     beside them) and compare its outputs with the checked server's reference."""
     plan = tr.TrialPlan("against", 0, tr.ALONE, label="the probe alone on the --against server")
@@ -243,10 +249,6 @@ def _check_against(other: Client, info: ServerInfo, probe: dict, seed: int, refe
         sends = [_to_trial(i, plan, seed, other.generate(probe)[0], []) for i in range(AGAINST_SENDS)]
     except CliError as e:
         raise type(e)(f"--against {other.url}: {e}") from e
-    if info.deterministic_inference is False:
-        warnings.append(f"deterministic inference is OFF on the --against server {other.url}: its sampling_seed is not "
-                        "honoured, so its tokens say nothing about this server's (launch it with "
-                        "--enable-deterministic-inference)")
     ids = use_ids and all(t.output_ids is not None for t in sends)
     return AgainstCheck(url=other.url, server=info, sends=sends, compared="output_ids" if ids else "text",
                         divergence=first_divergence(reference, sends, ids))
@@ -359,13 +361,14 @@ def run_check(
     pressure_fillers = tr.PRESSURE_MAX_FILLERS if "pressure" in profiles else 0
     workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3, pressure_fillers) + 2
     client = Client(url, timeout=timeout, api_key=api_key, pool_size=workers)
-    if against is not None and parse_server_url(against) == client.url:
-        raise CliError(f"--against {against} is the checked server itself; give a second server, e.g. a "
-                       "non-speculative one launched with --enable-deterministic-inference on the same target")
-    other = Client(against, timeout=timeout, api_key=api_key, pool_size=1) if against is not None else None
+    other = None
+    # Everything that can refuse --against runs inside the try, so the checked server's client is closed too.
     try:
+        if against is not None and parse_server_url(against) == client.url:
+            raise CliError(f"--against {against} is the checked server itself; give a second server, e.g. a "
+                           "non-speculative one launched with --enable-deterministic-inference on the same target")
+        other = Client(against, timeout=timeout, api_key=api_key, pool_size=1) if against is not None else None
         server = connect(client, wait)
-        other_info = _connect_against(other, wait) if other is not None else None
         warnings = []
         if server.deterministic_inference is False:
             warnings.append(
@@ -376,6 +379,7 @@ def run_check(
             warnings.append("the server does not report enable_deterministic_inference; cannot tell if it is on")
         if temperature == 0:
             warnings.append("temperature 0 is greedy decoding: the seed plays no part in this check")
+        other_info = _connect_against(other, wait, warnings) if other is not None else None
 
         rng = random.Random(plan_seed)
         probe = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
@@ -386,6 +390,11 @@ def run_check(
             AGAINST_SENDS if against is not None else 0)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="detspec-check") as pool, \
                 ProgressBar(total, enabled=progress, stream=sys.stderr) as bar:
+            if bar.enabled:
+                # Someone is watching the bar for minutes: what is known before the first trial (a server that
+                # does not honour the seed) is said now, while stopping is still cheap; the CLI's summary repeats it.
+                for w in warnings:
+                    print(f"warning: {w}", file=sys.stderr, flush=True)
             runner = _TrialRunner(client, pool, probe, flush_wait_s=min(30.0, timeout))
             for profile in profiles:
                 mine: list[Trial] = []
@@ -423,7 +432,7 @@ def run_check(
             against_check = None
             if other is not None:
                 bar.show("against " + other.url)
-                against_check = _check_against(other, other_info, probe, seed, reference, use_ids, warnings=warnings)
+                against_check = _check_against(other, other_info, probe, seed, reference, use_ids)
                 bar.advance(AGAINST_SENDS)
         compared = []
         for name, (mine, sizing) in by_profile.items():

@@ -78,3 +78,56 @@ def test_against_the_checked_server_itself_or_an_unreachable_one_is_one_clear_er
 def test_a_malformed_against_url_is_refused_by_the_parser():
     proc = cli("check", "--url", "127.0.0.1:1", "--against", "not a url")
     assert proc.returncode == 2 and "--against" in proc.stderr
+
+
+class _CountingClient:
+    """Stands in for checker.client.Client inside run_check: the real one, with every instance and close() counted."""
+
+    made: list = []
+
+    def __init__(self, *args, **kwargs):
+        from sglang_detspec.checker.client import Client
+
+        self._real = Client(*args, **kwargs)
+        self.closed = 0
+        _CountingClient.made.append(self)
+
+    def close(self):
+        self.closed += 1
+        self._real.close()
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+@pytest.mark.parametrize("against", ["itself", "not a url", "gone"])
+def test_every_client_is_closed_when_against_is_refused(monkeypatch, against):
+    """The checked server's client is open before --against is looked at: a refusal (the same server, a URL the
+    API gets unparsed, an unreachable server) must still close it, and the second one if it was made."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("sglang_detspec.checker.run"), "Client", _CountingClient)
+    monkeypatch.setattr(_CountingClient, "made", [])
+    with FakeSGLang("deterministic") as spec:
+        gone = FakeSGLang("deterministic")
+        with gone:
+            gone_url = gone.url
+        url = {"itself": spec.url, "not a url": "not a url", "gone": gone_url}[against]
+        with pytest.raises(CliError):
+            run_check(spec.url, against=url, trials=2, max_fillers=1, traffic="uniform", timeout=5)
+    assert _CountingClient.made, "run_check made no client: the fake did not stand in"
+    assert [c.closed for c in _CountingClient.made] == [1] * len(_CountingClient.made)
+    assert len(_CountingClient.made) == (2 if against == "gone" else 1)
+
+
+def test_an_against_server_that_ignores_the_seed_is_named_before_the_first_trial(capsys):
+    """With the progress bar on (someone is watching), the warning comes at connect time, before any trial's bar,
+    not only in the summary after minutes of trials; the result still carries it once."""
+    with FakeSGLang("deterministic") as spec, \
+            FakeSGLang("deterministic", speculative_algorithm=None, deterministic_flag=False) as plain:
+        res = run_check(spec.url, against=plain.url, trials=2, max_fillers=1, traffic="uniform", progress=True)
+    err = capsys.readouterr().err
+    warning = f"deterministic inference is OFF on the --against server {plain.url}"
+    assert sum(warning in w for w in res.warnings) == 1
+    assert warning in err and "check [" in err
+    assert err.index(warning) < err.index("check ["), err
