@@ -85,7 +85,7 @@ def build_serve_command(
         except (OSError, RuntimeError, ValueError) as e:
             raise CliError(f"building the {tiny_pair!r} tiny models failed: {e}") from e
         model_path = str(models.target)
-        draft_model_path = str(models.eagle3_draft if algorithm == "DETSPEC_EAGLE3" else models.eagle_draft)
+        draft_model_path = str(models.eagle3_draft if algorithm.startswith("DETSPEC_EAGLE3") else models.eagle_draft)
         # The tiny models carry a local tokenizer (and generated or dummy weights): nothing may be downloaded.
         for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **TINY_CONTEXT_ENV}.items():
             if env.get(k) != v:

@@ -1,4 +1,8 @@
-"""The registered speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``.
+"""The registered speculative algorithms ``DETSPEC_EAGLE`` / ``DETSPEC_EAGLE3`` and their speculation-invariant
+twins ``DETSPEC_EAGLE_INVARIANT`` / ``DETSPEC_EAGLE3_INVARIANT``.
+
+The invariant names run the same workers with the coupled proposal and verify (:mod:`.scheme`); everything below
+holds for all four.
 
 Registered through SGLang's plugin hook :meth:`SpeculativeAlgorithm.register` (present, and identical, in
 0.5.17 and 0.5.23). ``SpeculativeAlgorithm.from_string("DETSPEC_EAGLE")`` then returns a
@@ -39,7 +43,7 @@ from typing import Any, Callable, Dict, Optional, Type
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_detspec.integration import compat
+from sglang_detspec.integration import compat, scheme
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,9 @@ __all__ = [
     "DETSPEC_ALGORITHMS",
     "DETSPEC_TWINS",
     "DetspecEagle3Algo",
+    "DetspecEagle3InvariantAlgo",
     "DetspecEagleAlgo",
+    "DetspecEagleInvariantAlgo",
     "DetspecSpecAlgo",
     "ResolutionHookInactive",
     "detspec_worker_factory",
@@ -58,7 +64,12 @@ __all__ = [
 ]
 
 #: Registered name -> the builtin algorithm whose behaviour (and server-argument handling) it reuses.
-DETSPEC_TWINS: Dict[str, str] = {"DETSPEC_EAGLE": "EAGLE", "DETSPEC_EAGLE3": "EAGLE3"}
+DETSPEC_TWINS: Dict[str, str] = {
+    "DETSPEC_EAGLE": "EAGLE",
+    "DETSPEC_EAGLE3": "EAGLE3",
+    "DETSPEC_EAGLE_INVARIANT": "EAGLE",
+    "DETSPEC_EAGLE3_INVARIANT": "EAGLE3",
+}
 DETSPEC_ALGORITHMS = tuple(DETSPEC_TWINS)
 
 
@@ -83,7 +94,19 @@ def detspec_worker_factory(server_args: Any) -> Type:
 
     The worker modules import SGLang's whole speculative stack, so they are imported here, at call time
     (inside the scheduler process), not when the plugin registers.
+
+    The factory also fixes the process's verify scheme (:mod:`.scheme`) from the algorithm name: the coupled race
+    for ``DETSPEC_*_INVARIANT``, rejection sampling otherwise. A name that is not one of ours here means the
+    resolution hook did not put the DETSPEC name back, and the worker would not know which scheme it serves.
     """
+    name = str(compat.read_field(server_args, "speculative_algorithm", "") or "").upper()
+    if name not in DETSPEC_TWINS:
+        raise RuntimeError(
+            f"sglang-detspec: the DETSPEC worker factory was called with --speculative-algorithm {name or None!r}, "
+            f"not one of {sorted(DETSPEC_TWINS)}; the plugin's server-argument resolution did not finish. "
+            "sglang-detspec needs updating for this SGLang version"
+        )
+    scheme.select(scheme.scheme_for_algorithm(name))
     from sglang_detspec.integration.workers import (
         DetspecEAGLEWorkerV2,
         DetspecMultiLayerEagleWorkerV2,
@@ -182,9 +205,19 @@ class DetspecEagle3Algo(DetspecSpecAlgo):
     TWIN = "EAGLE3"
 
 
+class DetspecEagleInvariantAlgo(DetspecEagleAlgo):
+    """``DETSPEC_EAGLE_INVARIANT``: ``DETSPEC_EAGLE`` with the coupled race, so speculation never changes a token."""
+
+
+class DetspecEagle3InvariantAlgo(DetspecEagle3Algo):
+    """``DETSPEC_EAGLE3_INVARIANT``: the EAGLE-3 twin of ``DETSPEC_EAGLE_INVARIANT``."""
+
+
 ALGORITHM_CLASSES: Dict[str, Type[DetspecSpecAlgo]] = {
     "DETSPEC_EAGLE": DetspecEagleAlgo,
     "DETSPEC_EAGLE3": DetspecEagle3Algo,
+    "DETSPEC_EAGLE_INVARIANT": DetspecEagleInvariantAlgo,
+    "DETSPEC_EAGLE3_INVARIANT": DetspecEagle3InvariantAlgo,
 }
 
 # Methods never filled from the enum: registration / lookup class methods and the ones whose enum body
@@ -227,7 +260,7 @@ def lookup(name: str) -> Optional[Any]:
 
 
 def register_algorithms() -> Dict[str, DetspecSpecAlgo]:
-    """Register both names with ``SpeculativeAlgorithm.register``; a no-op for names already ours.
+    """Register every DETSPEC name with ``SpeculativeAlgorithm.register``; a no-op for names already ours.
 
     SGLang runs the plugin function once per process (``load_plugins`` guards itself) and every spawned
     scheduler / DP controller / detokenizer process runs it again in its own registry; calling this twice in

@@ -451,6 +451,40 @@ def draft_proposal_probs(next_token_logits: Any, temperatures: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------------
+# The target's seeded race (what the coupled verify must reproduce bit for bit)
+# ---------------------------------------------------------------------------------------------------
+
+# The statement ``x.log_().clamp_(min=..., max=...)`` on one line (code only, comments dropped).
+_LOG_U_CLAMP = re.compile(r"\.log_\(\)\.clamp_\((?P<args>.*)\)\.neg_\(\)")
+
+
+@functools.lru_cache(maxsize=None)
+def seeded_race_caps_unit_uniform() -> bool:
+    """Whether SGLang's ``multinomial_with_seed`` clamps ``log(u)`` from above (at ``-2**-32``).
+
+    0.5.17 clamps it from below only, so a hash of ``2**32 - 1`` gives ``u = 1`` and Gumbel noise ``+inf``;
+    0.5.18 - 0.5.23 also clamp from above (read in the installed 0.5.17 / 0.5.23 sources and the 0.5.18 - 0.5.21
+    wheels). Decided from the installed function's source, not the version number; a body with neither form
+    raises, because the coupled verify would then race different noise from the sampler it must reproduce.
+    """
+    import inspect
+
+    from sglang.srt.layers import sampler
+
+    fn = sampler.multinomial_with_seed
+    fn = getattr(fn, "_torchdynamo_orig_callable", fn)  # 0.5.23 wraps it in torch.compile
+    code = [line.split("#", 1)[0] for line in inspect.getsource(inspect.unwrap(fn)).splitlines()]
+    clamps = [m.group("args") for m in map(_LOG_U_CLAMP.search, code) if m]
+    if len(clamps) == 1 and "min=" in clamps[0].replace(" ", ""):
+        return "max=" in clamps[0].replace(" ", "")
+    raise RuntimeError(
+        "sglang-detspec: SGLang's multinomial_with_seed no longer clamps log(u) the way 0.5.17 - 0.5.23 do; the "
+        "speculation-invariant verify cannot reproduce its noise. sglang-detspec needs updating for this SGLang "
+        "version (use --speculative-algorithm DETSPEC_EAGLE meanwhile)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
 # Parallel sampling (n > 1): where the n choices of a prompt are sent
 # ---------------------------------------------------------------------------------------------------
 #

@@ -13,9 +13,19 @@ Contract (the verify step relies on it): the returned ``topk_p`` is
 to verify as ``draft_probs``; callers must not re-normalise ``probs`` after
 this call.
 
+Under the coupled scheme (``DETSPEC_*_INVARIANT``, :mod:`.scheme`) the same entry
+point proposes ``argmax_t(log q_t + G(seed, position, t))`` instead: SGLang's
+non-speculative Gumbel race on q, with the target's own (unsalted, token-id)
+key, so the verify accepts the proposal exactly when the target's race picks
+the same token (:func:`coupled_draft_proposal`). Every site passes the key
+position ``base + draft_step`` (``base`` = the ``seq_lens`` of the verify these
+drafts go to), which is the position the verify keys that draft's row with.
+
 CUDA-graph caveat: all inputs must be device tensors that live in persistent
 graph buffers when called under capture (``sampling_seed``, ``positions``,
-``top_ks``); the function allocates only outputs and never synchronises.
+``top_ks``); the function allocates only outputs (and, coupled, a float32
+``log q`` and the race's per-chunk partials) and never synchronises. The scheme is
+read at call time, i.e. once at capture: it is fixed before any graph is built.
 """
 
 from __future__ import annotations
@@ -25,8 +35,9 @@ from typing import Optional, Tuple
 import torch
 
 from sglang_detspec.draft_contract import check_draft_rows
+from sglang_detspec.integration import compat, scheme
 
-__all__ = ["seeded_draft_proposal", "greedy_mask_from_top_ks"]
+__all__ = ["coupled_draft_proposal", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
 
 
 def greedy_mask_from_top_ks(
@@ -69,6 +80,8 @@ def seeded_draft_proposal(
     check_draft_rows(probs, sampling_seed, positions)
     bs = probs.shape[0]
     greedy = greedy_mask_from_top_ks(top_ks, bs)
+    if scheme.current() == scheme.COUPLED:
+        return coupled_draft_proposal(probs, sampling_seed, positions, greedy=greedy)
     if probs.is_cuda:
         # Imported lazily: the kernel module defines Triton kernels, which must
         # be imported after TRITON_INTERPRET is decided (tests set it on CPU).
@@ -86,3 +99,39 @@ def seeded_draft_proposal(
     return seeded_draft_sample(
         probs, sampling_seed, positions, int(draft_step), greedy=greedy
     )
+
+
+def coupled_draft_proposal(
+    probs: torch.Tensor,
+    sampling_seed: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    greedy: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The coupled proposal ``(q(Y) [B,1] float32-or-q's-dtype, Y [B,1] int64)``, ``Y = argmax(log q + G)``.
+
+    ``G`` is SGLang's non-speculative seeded noise for ``(sampling_seed, positions, token id)`` -- the noise the
+    verify's target race uses at the row this proposal is checked against -- with the installed release's clamp
+    of ``log(u)`` (:func:`~sglang_detspec.integration.compat.seeded_race_caps_unit_uniform`) and torch's own
+    division on this device. Greedy rows (``greedy[b]``) propose the first argmax of ``probs``, which is what the
+    target's race picks for a ``top_k = 1`` row. Which token the draft proposes changes only how many tokens are
+    accepted, never which tokens are emitted.
+    """
+    logq = torch.log(probs.float())  # exact for half-precision q; the race reads float32 log-probabilities
+    seeds = sampling_seed[: probs.shape[0]].to(torch.int64)
+    pos = positions[: probs.shape[0]]
+    if pos.dtype not in (torch.int32, torch.int64):
+        pos = pos.to(torch.int64)
+    cap = compat.seeded_race_caps_unit_uniform()
+    if probs.is_cuda:
+        from sglang_detspec.kernels.coupled_race import coupled_race
+
+        tokens = coupled_race(logq, seeds, pos, cap_unit_uniform=cap)
+    else:
+        from sglang_detspec.coupled_reference import coupled_race_reference
+
+        tokens = coupled_race_reference(logq, seeds, pos, cap_unit_uniform=cap)
+    if greedy is not None:
+        tokens = torch.where(greedy, probs.argmax(dim=1), tokens)
+    index = tokens.view(-1, 1)
+    return probs.gather(1, index), index

@@ -24,6 +24,10 @@ unchanged (:func:`~sglang_detspec.integration.upstream_code.rebind`), with these
 * ``sampling_softmax`` (0.5.22+) -> ``torch.softmax(logits / T)``, which is what it computes on every device
   but SM 10.3, and what 0.5.17 - 0.5.21 call directly.
 
+Under the coupled scheme (``DETSPEC_*_INVARIANT``, :mod:`.scheme`) the chain-kernel stand-in runs
+:func:`~sglang_detspec.integration.coupled_verify.coupled_chain_verify` instead of truncating and calling the
+kernel: the target's own seeded race (truncated, not renormalised) decides every emitted token.
+
 So a row's target distribution depends only on its own logits and sampling parameters, min-p is honoured, and no
 FlashInfer sampling kernel (and no JIT) is reached. The truncation kernel is launched only when the batch has a
 top-k, top-p or min-p row (SGLang's own host-side ``need_*`` flags), so pure-temperature batches pay nothing.
@@ -43,6 +47,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from sglang_detspec.integration import scheme
+from sglang_detspec.integration.coupled_verify import coupled_chain_verify
 from sglang_detspec.integration.truncation import truncate_probs
 from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
 
@@ -73,10 +79,15 @@ _RENORM_PATTERN = re.compile(r"renorm")
 
 @dataclasses.dataclass
 class VerifySite:
-    """One ``eagle_sample`` call: the batch's sampling parameters and whether the chain kernel ran."""
+    """One ``eagle_sample`` call: the batch's sampling parameters and whether the chain kernel ran.
+
+    ``seq_lens`` (the batch's committed lengths, the offset of each request's first verified KV slot) keys the
+    coupled verify's race; the rejection scheme does not read it.
+    """
 
     sampling_info: Any
     draft_token_num: int
+    seq_lens: Any = None
     chain_calls: int = 0
 
 
@@ -106,8 +117,15 @@ def _truncate_then_chain(original: Callable) -> Callable:
                 f"DETSPEC verify: SGLang called {CHAIN_KERNEL_NAME} without a target_probs keyword; "
                 "sglang-detspec needs updating for this SGLang version"
             )
-        kwargs["target_probs"] = truncate_target_probs(site, target_probs)
         site.chain_calls += 1
+        if scheme.current() == scheme.COUPLED:
+            if args:
+                raise RuntimeError(
+                    f"DETSPEC invariant verify: SGLang called {CHAIN_KERNEL_NAME} with {len(args)} positional "
+                    "arguments; sglang-detspec needs updating for this SGLang version"
+                )
+            return coupled_chain_verify(site.sampling_info, site.seq_lens, **kwargs)
+        kwargs["target_probs"] = truncate_target_probs(site, target_probs)
         return original(*args, **kwargs)
 
     return chain_with_row_local_truncation
@@ -192,7 +210,7 @@ def _rebound_eagle_sample() -> Callable:
 
 def detspec_eagle_sample(verify_input, batch, logits_output, *args, **kwargs):
     """Upstream ``eagle_sample`` with the row-local target truncation (see the module docstring)."""
-    site = VerifySite(batch.sampling_info, int(verify_input.draft_token_num))
+    site = VerifySite(batch.sampling_info, int(verify_input.draft_token_num), seq_lens=getattr(batch, "seq_lens", None))
     with _VERIFY_SITE.entered(site):
         result = _rebound_eagle_sample()(verify_input, batch, logits_output, *args, **kwargs)
     sampled = not batch.forward_mode.is_idle() and not batch.sampling_info.is_all_greedy

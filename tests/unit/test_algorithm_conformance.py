@@ -129,7 +129,7 @@ def test_answers_predicates_like_the_twin(algo):
             assert ours == theirs, f"{algo.name}.{name}() = {ours}, {twin.name}.{name}() = {theirs}"
         compared += 1
     assert compared >= 15
-    assert algo.is_eagle() is True and algo.is_eagle3() is (algo.name == "DETSPEC_EAGLE3")
+    assert algo.is_eagle() is True and algo.is_eagle3() is algo.name.startswith("DETSPEC_EAGLE3")
     assert algo.supports_overlap is True
     assert algo.get_platform_worker_cls() is None
     assert algo.get_num_tokens_per_req_for_target_verify(4, False) == 4
@@ -205,7 +205,7 @@ def test_register_twice_is_a_no_op():
     before = {n: SpeculativeAlgorithm.from_string(n) for n in NAMES}
     again = algorithm.register_algorithms()
     assert again == before and all(again[n] is before[n] for n in NAMES)
-    assert sorted(k for k in spec_registry._REGISTRY if k.startswith("DETSPEC")) == NAMES
+    assert sorted(k for k in spec_registry._REGISTRY if k.startswith("DETSPEC")) == sorted(NAMES)
     load_plugin()  # the full entry point too
     assert all(SpeculativeAlgorithm.from_string(n) is before[n] for n in NAMES)
 

@@ -15,6 +15,9 @@ import pytest
 
 from sglang_detspec.integration import compat
 
+# Written out, not imported: the registered names are part of the command-line interface.
+ALL_NAMES = ["DETSPEC_EAGLE", "DETSPEC_EAGLE3", "DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT"]
+
 _LOADER_SCRIPT = textwrap.dedent(
     r"""
     import json, logging, os, sys
@@ -49,7 +52,7 @@ _LOADER_SCRIPT = textwrap.dedent(
     os.environ["SGLANG_PLUGINS"] = "detspec"
     plugins._plugins_loaded = False
     plugins.load_plugins()
-    first = {n: known(n) for n in ("DETSPEC_EAGLE", "DETSPEC_EAGLE3")}
+    first = {n: known(n) for n in ("DETSPEC_EAGLE", "DETSPEC_EAGLE3", "DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT")}
     out["first"] = {n: type(a).__name__ if a is not None else None for n, a in first.items()}
 
     from sglang_detspec.integration import compat, server_args
@@ -62,7 +65,7 @@ _LOADER_SCRIPT = textwrap.dedent(
     # 3) loading again (a second load_plugins in one process) must not raise and must not register twice
     plugins._plugins_loaded = False
     plugins.load_plugins()
-    second = {n: known(n) for n in ("DETSPEC_EAGLE", "DETSPEC_EAGLE3")}
+    second = {n: known(n) for n in ("DETSPEC_EAGLE", "DETSPEC_EAGLE3", "DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT")}
     out["same_objects"] = all(first[n] is second[n] for n in first)
     out["registry_entries"] = sorted(k for k in spec_registry._REGISTRY if k.startswith("DETSPEC"))
     out["hook_registrations"] = sum(
@@ -95,12 +98,17 @@ def test_sglang_loader_registers_once_in_a_fresh_process():
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])
     assert out["filtered_known"] is False
-    assert out["first"] == {"DETSPEC_EAGLE": "DetspecEagleAlgo", "DETSPEC_EAGLE3": "DetspecEagle3Algo"}
+    assert out["first"] == {
+        "DETSPEC_EAGLE": "DetspecEagleAlgo",
+        "DETSPEC_EAGLE3": "DetspecEagle3Algo",
+        "DETSPEC_EAGLE_INVARIANT": "DetspecEagleInvariantAlgo",
+        "DETSPEC_EAGLE3_INVARIANT": "DetspecEagle3InvariantAlgo",
+    }
     assert out["hook_active"] is True
-    assert out["status"]["algorithms"] == ["DETSPEC_EAGLE", "DETSPEC_EAGLE3"]
+    assert out["status"]["algorithms"] == ALL_NAMES
     assert out["status"]["sglang_version"] == metadata.version("sglang")
     assert out["same_objects"] is True
-    assert out["registry_entries"] == ["DETSPEC_EAGLE", "DETSPEC_EAGLE3"]
+    assert sorted(out["registry_entries"]) == sorted(ALL_NAMES)
     assert out["hook_registrations"] == 1
     assert out["executed"] == 2, "SGLang's loader should report running the plugin once per load_plugins call"
     assert out["failures"] == []
