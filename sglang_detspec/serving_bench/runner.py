@@ -213,6 +213,15 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
             # Every server up before the first measurement: one still compiling would share the GPU with it.
             for name in order:
                 ready(name)
+            # A server can fail only because it loaded beside the others: SGLang sizes the KV pool from the memory
+            # that disappeared while it loaded, which includes its neighbours' weights (measured on the H200:
+            # eagle_det refused --mem-fraction-static 0.133 with six servers loading at once). Start each failed
+            # one again, alone now, once.
+            for name in [n for n in order if n in failed]:
+                _log(f"{name}: retrying its start alone ({failed[name]})")
+                pool.servers.pop(name, None)
+                del failed[name], startup[name]
+                ready(name)
         for name in order:
             if name not in startup:
                 ready(name)

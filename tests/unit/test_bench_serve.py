@@ -46,7 +46,6 @@ def test_bad_concurrency_lists_are_refused_naming_the_problem(bad, message, caps
 @pytest.mark.parametrize("bad, message", [
     ("eagle_rs,nonsense", "unknown configuration 'nonsense'"),
     ("detspec,detspec", "listed twice"),
-    ("detspec_invariant", "not built yet"),
 ])
 def test_bad_configuration_lists_are_refused(bad, message, capsys):
     with pytest.raises(SystemExit):
@@ -124,9 +123,20 @@ def test_every_configuration_shares_the_target_flags():
         assert "--port" not in argv
 
 
-def test_invariant_mode_is_a_hook_in_the_table_not_a_default():
+def test_a_planned_but_unbuilt_configuration_is_refused_with_its_reason(monkeypatch):
+    planned = cfgs.BenchConfig("planned", "a mode not built yet", "X", False, True, False, unavailable="not built yet")
+    monkeypatch.setattr(cfgs, "CONFIGS", (*cfgs.CONFIGS, planned))
+    with pytest.raises(ValueError, match="'planned' cannot run: not built yet"):
+        cfgs.parse_configs("detspec,planned")
+
+
+def test_invariant_mode_is_an_opt_in_configuration_after_detspec():
     row = cfgs.config_by_name("detspec_invariant")
-    assert row.unavailable and "detspec_invariant" not in cfgs.DEFAULT_CONFIGS
+    assert row.unavailable is None and row.opt_in and "detspec_invariant" not in cfgs.DEFAULT_CONFIGS
+    argv = cfgs.server_args(row, Path("/t"), Path("/d"), cfgs.BenchSettings(), mem_fraction=0.2)
+    assert flag_value(argv, "--speculative-algorithm") == "DETSPEC_EAGLE_INVARIANT"
+    assert "--enable-deterministic-inference" in argv and "--speculative-use-rejection-sampling" not in argv
+    assert cfgs.parse_configs("detspec_invariant,detspec") == ("detspec", "detspec_invariant")
 
 
 def test_bench_serving_command():
@@ -339,7 +349,7 @@ def test_client_runs_each_argv_through_bench_servings_own_cli_main(tmp_path, mon
     assert out.count("counters reset: True") == 1 and "counters reset: False" in out and "exited 1" in out
 
 
-def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=()):
+def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=(), fail_first_start=()):
     """Patch run_benchmark's servers, pair, client check and clients with fakes that record ``events``."""
     import sys
 
@@ -356,7 +366,8 @@ def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=()):
 
         def wait_ready(self, timeout):
             events.append(("ready", self.name))
-            if self.name in fail_to_start:
+            first = events.count(("ready", self.name)) == 1
+            if self.name in fail_to_start or (first and self.name in fail_first_start):
                 raise server_process.ServerStartError(f"server {self.name} exited with code 1 during start-up; log x")
 
         def stop(self):
@@ -400,6 +411,9 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
     for a, b in zip(measured, measured[1:]):
         assert events.index(("stop", a)) < events.index(("measure", b)), f"{a} stopped before {b} is measured"
     assert ("measure", "eagle_det") not in events
+    assert events.count(("start", "eagle_det")) == 2, "a failed parallel start is retried once, alone"
+    assert events.index(("ready", runner.BREAKDOWN)) < events.index(("start", "eagle_det"), events.index(
+        ("start", "eagle_det")) + 1), "the retry comes after every other server was started"
     doc = json.loads((tmp_path / "out" / "bench_serve.json").read_text())
     assert doc["ratios_detspec_over"]["eagle_rs"]["8"] == pytest.approx(1.05)
     assert doc["ratios_detspec_over"]["eagle_det"] == {"1": None, "8": None}
@@ -411,6 +425,22 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
     printed = capsys.readouterr().out
     assert "detspec / eagle_rs (goal >= 0.97): c=1: 1.050 ok" in printed and "verify_forward" in printed
     assert (tmp_path / "out" / "step_timing_hook" / "sitecustomize.py").read_text() == step_timing.SITECUSTOMIZE
+
+
+def test_a_server_that_failed_beside_the_others_is_measured_after_its_retry(tmp_path, monkeypatch, capsys):
+    events = []
+
+    def fake_clients(server, settings, pair, concurrencies, out, name):
+        events.append(("measure", name))
+        return [_row(name, c, 100.0 * c) for c in concurrencies]
+
+    runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_first_start=("eagle_det",))
+    settings = cfgs.BenchSettings(concurrencies=(1, 8))
+    rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
+    assert rc == 0
+    assert events.count(("start", "eagle_det")) == 2 and ("measure", "eagle_det") in events
+    rows = {(r["config"], r["concurrency"]): r for r in csv.DictReader(open(tmp_path / "out" / "bench_serve.csv"))}
+    assert not rows[("eagle_det", "8")]["error"] and float(rows[("eagle_det", "8")]["output_tok_s"]) == 800.0
 
 
 def test_an_interrupted_run_reports_what_it_measured(tmp_path, monkeypatch, capsys):
