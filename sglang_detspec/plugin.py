@@ -12,6 +12,8 @@ scheduler, DP-controller and detokenizer process. It registers
 * replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
   (:mod:`sglang_detspec.integration.scheduler_check`),
+* the opt-in token-id-keyed target sampler for non-speculative deterministic servers,
+  ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.token_id_sampler_opt_in`),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -58,6 +60,7 @@ def load_plugin() -> Dict[str, object]:
             retraction,
             scheduler_check,
             server_args,
+            token_id_sampler_opt_in,
         )
 
         algorithm.register_algorithms()
@@ -66,6 +69,7 @@ def load_plugin() -> Dict[str, object]:
         parallel_sampling.install_parallel_sampling_seeds()
         retraction.install_retraction_replay()
         scheduler_check.install_scheduler_check()
+        token_id_sampler_opt_in.install_token_id_sampler_opt_in()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
@@ -88,6 +92,12 @@ def load_plugin() -> Dict[str, object]:
                     f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
+            if not token_id_sampler_opt_in.token_id_sampler_opt_in_active():
+                raise RuntimeError(
+                    "the token-id sampler opt-in hook on "
+                    f"{token_id_sampler_opt_in.TARGET_WORKER_HOOK_TARGET} could not be applied "
+                    "(see the HookRegistry error above)"
+                )
         algorithm.verify_registration()
     except Exception:
         logger.error(
@@ -108,7 +118,7 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args
+    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args, token_id_sampler_opt_in
 
     return {
         "sglang_version": compat.installed_sglang_version(),
@@ -117,4 +127,5 @@ def plugin_status() -> Dict[str, object]:
         "resolution_hook_active": server_args.resolution_hook_active(),
         "scheduler_check_active": scheduler_check.scheduler_check_active(),
         "retraction_replay_active": retraction.retraction_replay_active(),
+        "token_id_sampler_hook_active": token_id_sampler_opt_in.token_id_sampler_opt_in_active(),
     }
