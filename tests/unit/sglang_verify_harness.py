@@ -202,6 +202,16 @@ def verify_rows(count: int, n: int, vocab: int = VOCAB, seed: int = 1, sharp: fl
 
 def run_eagle_sample(eagle_sample, rows: Sequence[VerifyRow], params: Sequence[Params], seq_lens, n: int):
     """``(predict [bs, n], accept lengths [bs])`` from one ``eagle_sample`` call on the given rows."""
+    predict, accept_lens, _ = run_eagle_sample_with_index(eagle_sample, rows, params, seq_lens, n)
+    return predict, accept_lens
+
+
+def run_eagle_sample_with_index(eagle_sample, rows: Sequence[VerifyRow], params: Sequence[Params], seq_lens, n: int):
+    """``(predict [bs, n], accept lengths [bs], accept_index [bs, n])``: :func:`run_eagle_sample` with the index.
+
+    ``retrieve_index`` is ``arange(bs * n)``, so the committed tokens of request ``b`` are
+    ``predict.view(-1)[accept_index[b, :accept_lens[b]]]``.
+    """
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     bs = len(rows)
@@ -226,5 +236,5 @@ def run_eagle_sample(eagle_sample, rows: Sequence[VerifyRow], params: Sequence[P
         req_pool_indices=torch.arange(bs),
     )
     logits = SimpleNamespace(next_token_logits=torch.cat([r.target_logits for r in rows]).clone())
-    predict, accept_lens, _ = eagle_sample(verify_input, batch, logits)
-    return predict.view(bs, n), accept_lens
+    predict, accept_lens, accept_index = eagle_sample(verify_input, batch, logits)
+    return predict.view(bs, n), accept_lens, accept_index
