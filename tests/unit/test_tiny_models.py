@@ -152,3 +152,91 @@ def test_pair_names_and_server_flags():
             tm.ensure_tiny_models(pair=bad)
     assert tm.cache_dir_name("dummy") == f"tiny-models-v{tm.TINY_MODELS_VERSION}"
     assert tm.cache_dir_name("weighted") != tm.cache_dir_name("dummy")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The second EAGLE draft (speculation-invariance E2E test): the pair's recipe, another seed
+# ---------------------------------------------------------------------------------------------------
+
+
+def _safetensors(path):
+    """{name: float32 array}: numpy has no bfloat16, so through torch."""
+    from safetensors.torch import load_file
+
+    return {name: t.float().numpy() for name, t in load_file(str(path)).items()}
+
+
+@pytest.fixture(scope="module")
+def weighted_and_draft2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny-draft2")
+    return root, tm.ensure_tiny_models(root, pair="weighted"), tm.ensure_second_eagle_draft(root)
+
+
+def test_second_draft_with_the_pairs_seed_is_the_pairs_draft(tmp_path, weighted_and_draft2):
+    """"The same recipe": under the pair's own recipe seed the builder writes the pair's eagle_draft byte for byte."""
+    from sglang_detspec.tiny_weights import DEFAULT_RECIPE
+
+    _, models, _ = weighted_and_draft2
+    same = tm.build_second_eagle_draft(tmp_path / "same", seed=DEFAULT_RECIPE.seed)
+    assert tm.tree_digest(same) == tm.tree_digest(models.eagle_draft)
+
+
+def test_second_draft_differs_in_every_drawn_tensor_only(weighted_and_draft2):
+    root, models, draft2 = weighted_and_draft2
+    assert draft2.parent == root and draft2.name == tm.second_eagle_draft_dir_name()
+    assert str(tm.SECOND_EAGLE_DRAFT_SEED) in draft2.name
+    assert sorted(p.name for p in draft2.iterdir()) == ["config.json", "model.safetensors"]
+    assert (draft2 / "config.json").read_bytes() == (models.eagle_draft / "config.json").read_bytes()
+    a, b = _safetensors(models.eagle_draft / "model.safetensors"), _safetensors(draft2 / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a)
+    # Drawn from the seed: fc (noise on the identity) and the decoder layer's matrices; not drawn: fc.bias, norms.
+    differ = sorted(k for k in a if (a[k] != b[k]).any())
+    same = sorted(k for k in a if k not in differ)
+    assert "fc.weight" in differ and all(k.endswith(".weight") for k in differ)
+    assert any("self_attn" in k for k in differ) and any("mlp" in k for k in differ)
+    assert all(k == "fc.bias" or "layernorm" in k for k in same), same
+    # Still the recipe's draft: the token half of fc is the identity plus small noise, the hidden half zero.
+    import numpy as np
+
+    fc = b["fc.weight"].astype(np.float32)
+    hidden = fc.shape[0]
+    assert np.abs(fc[:, hidden:]).max() == 0
+    noise = fc[:, :hidden] - np.eye(hidden, dtype=np.float32)
+    assert 0.01 < noise.std() < 0.05  # eagle_fc_noise / sqrt(H) = 0.3 / 16
+
+
+def test_second_draft_builds_are_byte_identical_and_cached(tmp_path, weighted_and_draft2, monkeypatch):
+    root, _, draft2 = weighted_and_draft2
+    again = tm.build_second_eagle_draft(tmp_path / "again")
+    assert tm.tree_digest(again) == tm.tree_digest(draft2)
+
+    def fail(*a, **k):
+        raise AssertionError("the cached second draft was rebuilt")
+
+    monkeypatch.setattr(tm, "build_second_eagle_draft", fail)
+    assert tm.ensure_second_eagle_draft(root) == draft2
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".tiny-eagle-draft-")]
+
+
+def test_incomplete_second_draft_is_rebuilt(tmp_path):
+    stale = tmp_path / tm.second_eagle_draft_dir_name()
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")  # no weights: an interrupted build
+    d = tm.ensure_second_eagle_draft(tmp_path)
+    assert d == stale and (d / "model.safetensors").is_file()
+    assert json.loads((d / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
+
+
+def test_second_draft_is_as_good_a_draft_on_the_cpu_reference(weighted_and_draft2):
+    """Its offline accept length (rejection sampling, the pair's estimator) is in the pair's goal range, so the E2E
+    comparison of two drafts compares two drafts that are both really accepted."""
+    import torch
+
+    from sglang_detspec.tiny_reference import estimate_accept_length, load_reference
+
+    _, models, draft2 = weighted_and_draft2
+    ref = load_reference(tm.TinyModels(models.target, draft2, None))
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, tm.VOCAB_SIZE, (6,), generator=gen).tolist() for _ in range(2)]
+    est = estimate_accept_length(ref, "eagle", prompts=prompts, new_tokens=24, seed=1)
+    assert 1.5 <= est.accept_length <= 3.5, est
