@@ -184,6 +184,7 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
                 [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
     ]
     specs += multi_layer_specs(models, pair, base)
+    specs += invariant_specs(models, base)
     for spec in specs:
         spec.env = {**LONG_CONTEXT_ENV, **spec.env}
     return {spec.name: spec for spec in specs}
@@ -217,6 +218,36 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
         # The control: the same pair, SGLang's own multi-layer worker with its (global-RNG) rejection sampling.
         ServerSpec("builtin_mtp_rs",
                    mtp + ["--speculative-algorithm", "EAGLE", "--speculative-use-rejection-sampling"]),
+    ]
+
+
+#: The opt-in switch that keys a NON-speculative deterministic server's seeded sampler by token id, as DETSPEC
+#: servers' target sampler does (needed for top-k / top-p rows to match; temperature-only rows match without it).
+TOKEN_ID_SAMPLER_ENV = "SGLANG_DETSPEC_TOKEN_ID_SAMPLER"
+
+#: The speculation-invariance servers (tests/e2e/test_e2e_invariant.py) run 64 requests at once, so decode batches
+#: of up to 32 (the tiny pair's --max-running-requests) replay CUDA graphs instead of only the 1..8 of the other
+#: configurations; the parser keeps the last value of a flag.
+INVARIANT_ARGS = ["--cuda-graph-max-bs-decode", "32"]
+
+
+def invariant_specs(models, base: List[str]) -> List[ServerSpec]:
+    """Speculation invariance (DETSPEC_EAGLE_INVARIANT): the non-speculative reference, the invariant algorithm with
+    graphs on and off and with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
+    seed), and DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
+    from sglang_detspec.tiny_models import ensure_second_eagle_draft
+
+    draft2 = ensure_second_eagle_draft(Path(models.target).parent.parent)  # the cache root of ``models``
+    invariant = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS
+    return [
+        ServerSpec("nonspec_token_id", base + ["--enable-deterministic-inference"] + INVARIANT_ARGS,
+                   env={TOKEN_ID_SAMPLER_ENV: "1"}),
+        ServerSpec("invariant_graph", invariant),
+        ServerSpec("invariant_nograph", invariant + GRAPHS_OFF),
+        ServerSpec("invariant_draft2",
+                   base + eagle_args(draft2, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS),
+        ServerSpec("detspec_rs_control",
+                   base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + INVARIANT_ARGS),
     ]
 
 
@@ -330,6 +361,49 @@ def accept_length(resp: dict) -> Optional[float]:
     if not ct:
         return None
     return meta["completion_tokens"] / ct
+
+
+def total_accept_length(responses: Sequence[dict]) -> Optional[float]:
+    """Completion tokens per verify step over ``responses`` together (SGLang's accept length, as
+    :func:`accept_length` per request); None when none of them ran a verify step (a non-speculative server)."""
+    tokens = verify = 0
+    for resp in responses:
+        meta = resp.get("meta_info", {})
+        if meta.get("spec_verify_ct"):
+            tokens += meta["completion_tokens"]
+            verify += meta["spec_verify_ct"]
+    return tokens / verify if verify else None
+
+
+def compare_to_reference(reference: Sequence[Sequence[int]], other: Sequence[Sequence[int]], seeds: Sequence[int],
+                         *, keep: int = 20) -> dict:
+    """How many of ``other``'s sequences equal ``reference``'s, pairwise (sequence ``i`` is seed ``seeds[i]``'s).
+
+    For each differing pair: the first index where they differ (a prefix of the other counts as differing at its
+    end, the missing token None). Keeps the first ``keep`` of those in full (seed, index, both tokens) and a histogram
+    of every first-difference index (JSON keys: the index as a string, in increasing order)."""
+    if not len(reference) == len(other) == len(seeds):
+        raise ValueError(f"compare_to_reference: {len(reference)} reference, {len(other)} other sequences and "
+                         f"{len(seeds)} seeds; give one of each per request")
+    identical, histogram, divergences = 0, {}, []
+    for seed, ref, got in zip(seeds, reference, other):
+        ref, got = list(ref), list(got)
+        if ref == got:
+            identical += 1
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
+        histogram[at] = histogram.get(at, 0) + 1
+        if len(divergences) < keep:
+            divergences.append({"seed": seed, "index": at, "reference": ref[at] if at < len(ref) else None,
+                                "got": got[at] if at < len(got) else None})
+    n = len(reference)
+    return {
+        "n": n,
+        "identical": identical,
+        "fraction_identical": identical / n if n else None,
+        "first_divergence_histogram": {str(k): histogram[k] for k in sorted(histogram)},
+        "divergences": divergences,
+    }
 
 
 def filler_request(i: int) -> tuple:
