@@ -588,3 +588,25 @@ def is_abort(finish_reason: Any) -> bool:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     return isinstance(finish_reason, FINISH_ABORT)
+
+
+#: Where upstream's ``create_flashinfer_kv_indices_triton`` lives (moved in 0.5.23); the Triton backend itself
+#: stopped calling it in 0.5.18 (its KV index translator packs the reads), but the kernel is unchanged.
+_KV_INDICES_MODULES = ("sglang.kernels.ops.kvcache.kv_indices", "sglang.kernels.ops.attention.kv_indices")
+
+
+def kv_indices_kernel() -> Any:
+    """Upstream's Triton kernel that copies ``req_to_token[req, start : start + len]`` rows into a packed stream."""
+    for name in _KV_INDICES_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            return importlib.import_module(name).create_flashinfer_kv_indices_triton
+    raise RuntimeError(f"none of {_KV_INDICES_MODULES} exists; sglang-detspec needs updating for this SGLang version")
+
+
+def attention_reads_translated(backend: Any) -> bool:
+    """Whether ``backend``'s kernels index the K/V pool with ids other than ``req_to_token``'s (a unified pool):
+    0.5.17 sets ``_translate_kv_loc``; 0.5.18+ ask the backend's ``kv_index_translator``."""
+    translator = getattr(backend, "kv_index_translator", None)
+    if translator is not None:
+        return bool(translator.reads_are_translated)
+    return getattr(backend, "_translate_kv_loc", None) is not None

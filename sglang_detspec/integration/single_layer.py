@@ -98,9 +98,11 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
+from sglang_detspec.integration import scheme as _scheme
 from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.verify import rebound_verify
+from sglang_detspec.integration.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
@@ -400,6 +402,13 @@ class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
             upstream_owner=EAGLEWorkerV2,
             build_rebound=[_upstream.build_all],
         )
+
+    def init_attention_backends(self):
+        # The scheduler builds the target's backends first, then calls this, then captures every CUDA graph: the
+        # one moment the invariant verify can switch the target's verify attention to decode order.
+        super().init_attention_backends()
+        if _scheme.current() == _scheme.COUPLED:
+            install_decode_order_verify(self.target_worker.model_runner)
 
     def verify(self, *args, **kwargs):
         return rebound_verify(EAGLEWorkerV2)(self, *args, **kwargs)
