@@ -43,12 +43,15 @@ once. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import types
 from typing import Any, List
 
 import torch
 
 from sglang_detspec.integration import compat
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DecodeRows", "build_decode_rows", "install_decode_order_verify", "verify_backends"]
 
@@ -232,4 +235,8 @@ def install_decode_order_verify(model_runner: Any) -> List[Any]:
         if _PATCHED_ATTR not in backend.__dict__:
             backend.__dict__[_PATCHED_ATTR] = backend.forward_extend
             backend.forward_extend = types.MethodType(_decode_order_forward_extend, backend)
+    logger.info(
+        "sglang-detspec: the invariant verify runs its attention in the decode kernel's order on %d Triton "
+        "backend(s) (split tile %s)", len(backends), backends[0].split_tile_size,
+    )
     return backends
