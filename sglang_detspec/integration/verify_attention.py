@@ -149,12 +149,13 @@ def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, cap
 
     kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     kv_indptr[1:] = torch.cumsum(row_lens, dim=0)
-    seq_lens_sum = getattr(forward_batch, "seq_lens_sum", None)
-    if seq_lens_sum is None or capturing:
-        # No bound from the pool: requests sharing a cached prefix each list its slots.
-        index_capacity = rows * int(backend.max_context_len)
-    else:
-        index_capacity = steps_plus_one * int(seq_lens_sum) + bs * steps_plus_one * (steps_plus_one + 1) // 2
+    # Bounds that hold whatever the batch's host-side bookkeeping says (forward_batch.seq_lens_sum did not match
+    # the verify metadata during CUDA-graph warm-up on the H200, and an index stream sized by it was overrun): every
+    # prefix slot upstream listed is in ``verify.kv_indices``, and no row is longer than a req_to_token row.
+    index_capacity = min(
+        steps_plus_one * int(verify.kv_indices.numel()) + bs * steps_plus_one * (steps_plus_one + 1) // 2,
+        rows * int(backend.req_to_token.shape[1]),
+    )
     kv_indices = torch.empty(index_capacity, dtype=torch.int64, device=device)
     no_request = torch.zeros(rows, dtype=torch.int64, device=device)  # one flat source table, row 0
     gather[(rows,)](verify.kv_indices, no_request, row_prefix_lens, kv_indptr, row_prefix_start, kv_indices, 0)
