@@ -17,27 +17,36 @@ What
 ----
 On the target model runner's Triton backend (an instance attribute, installed by the invariant worker before any
 CUDA graph is captured), a TARGET_VERIFY ``forward_extend`` becomes upstream's own ``forward_decode``. Each of the
-``B x (steps + 1)`` verify query rows is one decode row. Row ``(b, j)`` attends to request b's prefix slots, then to
-the slots of drafts 0..j: the keys a decode of that token reads, in the same order, split into the same tiles
-(``get_num_kv_splits`` of that length). The slots come from the verify's own inputs: the prefix from its metadata's
-``kv_indptr`` / ``kv_indices``, the drafts from ``out_cache_loc``. ``forward_decode`` writes the verify tokens'
-K/V into ``out_cache_loc`` first, as ``forward_extend`` did.
+``B x (steps + 1)`` verify query rows is one decode row. Row ``(b, j)`` attends to request b's first
+``seq_lens[b] + j + 1`` cache slots: the prefix, then drafts 0..j. Those are the keys a decode of that token reads,
+in the same order, split into the same tiles (``get_num_kv_splits`` of that length). ``req_to_token`` already holds
+the drafts' slots when the verify runs: every release builds the verify's ``out_cache_loc`` by reading them from
+there (``assign_extend_cache_locs_uniform_func``). ``forward_decode`` writes the verify tokens' K/V into
+``out_cache_loc`` first, as ``forward_extend`` did.
 
 CUDA graphs
 -----------
-The rows are built at the first attention layer of every forward by device-only torch ops and upstream's
-``create_flashinfer_kv_indices_triton`` (:func:`compat.kv_indices_kernel`, used as a plain gather), with shapes fixed
-by ``(B, steps + 1)``. Under capture they are recorded into the verify graph, so every replay rebuilds them from that
-replay's inputs. Those inputs are the ones upstream fills before the replay; ``req_to_token`` is not read during
-the replay (see :func:`build_decode_rows`). The decode kernel's per-split scratch is the backend's own CUDA-graph
-decode buffers (``cuda_graph_attn_logits`` / ``_attn_lse``), which a verify graph otherwise leaves unused. The row
-index stream (``B x (steps + 1) x context length`` int64 at most) comes from the graph's memory pool. Eager forwards
-allocate it at its exact size.
+The rows are built at the first attention layer of every forward, from ``forward_batch.seq_lens`` and
+``req_pool_indices``, by device-only torch ops and upstream's ``create_flashinfer_kv_indices_triton`` (:func:`compat.kv_indices_kernel`), with shapes
+fixed by ``(B, steps + 1)``. Under capture they are recorded into the verify graph, so every replay rebuilds them
+from that replay's inputs. While capturing they are written into the backend's own CUDA-graph decode buffers
+(``cuda_graph_attn_logits`` / ``_attn_lse`` / ``_num_kv_splits`` / ``_kv_indices``). A verify graph state sizes
+those for ``max_bs x (steps + 1)`` rows and otherwise leaves them unused, so no memory is added. Eager forwards
+allocate them the way upstream's decode metadata does.
+
+Known limit (measured on the H200, sglang 0.5.17)
+-----------------------------------------------
+With CUDA graphs on, ``sglang-detspec check --traffic uniform,mixed`` saw the probe's tokens change with the
+traffic (2 and 3 unique outputs in 12 trials per profile), where the extend-kernel verify gave 1. The cause is not
+found. Suspected: under overlap scheduling the next batch is planned while this verify graph runs, and SGLang
+assumes a verify graph has stopped reading ``req_to_token`` at its pre-replay snapshot, while the rows here read it
+during the replay. A version that built the rows from the verify metadata's prefix stream and ``out_cache_loc``
+instead crashed on the H200 (illegal address) and was reverted; it is the next thing to finish.
 
 Cost
 ----
 Each verify row reads its prefix once, so the verify attention reads the prefix ``steps + 1`` times instead of
-once, and a captured verify graph holds the row index stream above. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps upstream's verify.
+once. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps upstream's verify.
 """
 
 from __future__ import annotations
@@ -121,67 +130,49 @@ def _check_backend(backend: Any) -> None:
 def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, capturing: bool) -> Any:
     """Decode-shaped ``ForwardMetadata`` for a verify forward of ``batch_size x steps_plus_one`` query rows.
 
-    Row ``b * steps_plus_one + j`` lists request b's prefix slots, copied from the verify metadata's own
-    ``kv_indptr`` / ``kv_indices``, then ``out_cache_loc[b * steps_plus_one : b * steps_plus_one + j + 1]``, the
-    slots of drafts 0..j. Both are inputs upstream has already snapshotted before the forward, before a CUDA-graph
-    replay for graphs. ``req_to_token`` itself is never read here: under overlap scheduling the next batch is
-    planned while this graph runs, and SGLang assumes a verify graph has finished reading ``req_to_token`` at the
-    pre-replay snapshot. An earlier version that read it during replay changed the probe's tokens with the traffic
-    on the H200. Nothing here reads a tensor back to the host, so it can be captured.
+    Row ``b * steps_plus_one + j`` reads ``req_to_token[req_pool_indices[b], : seq_lens[b] + j + 1]``. Nothing here
+    reads a tensor back to the host, so it can be captured into a CUDA graph.
     """
-    gather = compat.kv_indices_kernel()
-    verify = backend.forward_metadata
     bs = int(forward_batch.batch_size)
     rows = bs * steps_plus_one
-    device = verify.kv_indptr.device
-    prefix_start = verify.kv_indptr[:bs].to(torch.int64)
-    prefix_lens = verify.kv_indptr[1 : bs + 1].to(torch.int64) - prefix_start
-    draft_counts = torch.arange(1, steps_plus_one + 1, device=device, dtype=torch.int64)
-
-    def per_row(per_request: torch.Tensor) -> torch.Tensor:  # expand, not repeat_interleave: never syncs
-        return per_request.unsqueeze(1).expand(bs, steps_plus_one).reshape(-1)
-
-    row_prefix_start = per_row(prefix_start)
-    row_prefix_lens = per_row(prefix_lens)
-    row_draft_counts = draft_counts.unsqueeze(0).expand(bs, steps_plus_one).reshape(-1)
-    row_draft_start = per_row(torch.arange(bs, device=device, dtype=torch.int64) * steps_plus_one)
-    row_lens = row_prefix_lens + row_draft_counts
+    device = forward_batch.seq_lens.device
+    seq_lens = forward_batch.seq_lens[:bs]
+    offsets = torch.arange(1, steps_plus_one + 1, device=device, dtype=seq_lens.dtype)
+    row_lens = (seq_lens.unsqueeze(1) + offsets).reshape(-1)
+    row_reqs = forward_batch.req_pool_indices[:bs].unsqueeze(1).expand(bs, steps_plus_one).reshape(-1)
 
     kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     kv_indptr[1:] = torch.cumsum(row_lens, dim=0)
-    # Bounds that hold whatever the batch's host-side bookkeeping says (forward_batch.seq_lens_sum did not match
-    # the verify metadata during CUDA-graph warm-up on the H200, and an index stream sized by it was overrun): every
-    # prefix slot upstream listed is in ``verify.kv_indices``, and no row is longer than a req_to_token row.
-    index_capacity = min(
-        steps_plus_one * int(verify.kv_indices.numel()) + bs * steps_plus_one * (steps_plus_one + 1) // 2,
-        rows * int(backend.req_to_token.shape[1]),
-    )
-    kv_indices = torch.empty(index_capacity, dtype=torch.int64, device=device)
-    no_request = torch.zeros(rows, dtype=torch.int64, device=device)  # one flat source table, row 0
-    gather[(rows,)](verify.kv_indices, no_request, row_prefix_lens, kv_indptr, row_prefix_start, kv_indices, 0)
-    draft_offsets = kv_indptr[:rows].to(torch.int64) + row_prefix_lens
-    gather[(rows,)](
-        forward_batch.out_cache_loc, no_request, row_draft_counts, draft_offsets, row_draft_start, kv_indices, 0
-    )
 
-    def graph_buffer(name: str):
-        # Per-layer scratch of the decode kernel: the backend's own decode graph buffers, which a verify graph
-        # leaves unused, so capture adds no memory.
+    def graph_buffer(name: str, needed: int):
         buffer = getattr(backend, name, None) if capturing else None
-        return buffer if buffer is not None and buffer.shape[0] >= rows else None
+        return buffer if buffer is not None and buffer.shape[0] >= needed else None
+
+    seq_lens_sum = getattr(forward_batch, "seq_lens_sum", None)
+    if seq_lens_sum is None or capturing:
+        index_capacity = rows * int(backend.max_context_len)
+    else:
+        index_capacity = steps_plus_one * int(seq_lens_sum) + bs * steps_plus_one * (steps_plus_one + 1) // 2
+    kv_indices = graph_buffer("cuda_graph_kv_indices", index_capacity)
+    if kv_indices is None:
+        kv_indices = torch.empty(index_capacity, dtype=torch.int64, device=device)
+    compat.kv_indices_kernel()[(rows,)](
+        backend.req_to_token, row_reqs, row_lens, kv_indptr, None, kv_indices, backend.req_to_token.stride(0)
+    )
 
     shape = (rows, backend.num_head, backend.max_kv_splits)
-    attn_logits = graph_buffer("cuda_graph_attn_logits")
+    attn_logits = graph_buffer("cuda_graph_attn_logits", rows)
     if attn_logits is None:
         attn_logits = torch.empty(shape + (backend.v_head_dim,), dtype=torch.float32, device=device)
-    attn_lse = graph_buffer("cuda_graph_attn_lse")
+    attn_lse = graph_buffer("cuda_graph_attn_lse", rows)
     if attn_lse is None:
         attn_lse = torch.empty(shape, dtype=torch.float32, device=device)
-    num_kv_splits = torch.empty(rows, dtype=torch.int32, device=device)
-    backend.get_num_kv_splits(num_kv_splits, row_lens)
+    num_kv_splits = graph_buffer("cuda_graph_num_kv_splits", rows)
+    num_kv_splits = torch.empty(rows, dtype=torch.int32, device=device) if num_kv_splits is None else num_kv_splits
+    backend.get_num_kv_splits(num_kv_splits[:rows], row_lens)
 
     return dataclasses.replace(
-        verify,
+        backend.forward_metadata,
         attn_logits=attn_logits,
         attn_lse=attn_lse,
         num_kv_splits=num_kv_splits,
