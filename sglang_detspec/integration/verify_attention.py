@@ -40,8 +40,11 @@ With CUDA graphs on, ``sglang-detspec check --traffic uniform,mixed`` saw the pr
 traffic (2 and 3 unique outputs in 12 trials per profile), where the extend-kernel verify gave 1. The cause is not
 found. Suspected: under overlap scheduling the next batch is planned while this verify graph runs, and SGLang
 assumes a verify graph has stopped reading ``req_to_token`` at its pre-replay snapshot, while the rows here read it
-during the replay. A version that built the rows from the verify metadata's prefix stream and ``out_cache_loc``
-instead crashed on the H200 (illegal address) and was reverted; it is the next thing to finish.
+during the replay. A second suspect: the rows are written into ``cuda_graph_kv_indices`` during the replay, and
+upstream fills the same buffer with the next verify's prefix before the next replay. A version that built the rows
+from the verify metadata's prefix stream and ``out_cache_loc`` into their own buffer crashed on the H200 with an
+illegal address, in graph warm-up and in an eager verify (commits 4d6148e, cd83cd8). It was reverted; finishing it
+is the next step.
 
 Cost
 ----
