@@ -156,9 +156,9 @@ def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, cap
         index_capacity = rows * int(backend.max_context_len)
     else:
         index_capacity = steps_plus_one * int(seq_lens_sum) + bs * steps_plus_one * (steps_plus_one + 1) // 2
-    kv_indices = graph_buffer("cuda_graph_kv_indices", index_capacity)
-    if kv_indices is None:
-        kv_indices = torch.empty(index_capacity, dtype=torch.int64, device=device)
+    # Its own buffer, not upstream's cuda_graph_kv_indices: upstream refills that one with the next verify's prefix
+    # before the next replay.
+    kv_indices = torch.empty(index_capacity, dtype=torch.int64, device=device)
     compat.kv_indices_kernel()[(rows,)](
         backend.req_to_token, row_reqs, row_lens, kv_indptr, None, kv_indices, backend.req_to_token.stride(0)
     )

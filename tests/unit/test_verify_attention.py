@@ -180,7 +180,7 @@ def test_capture_writes_into_the_backends_graph_buffers(scene):
     (got,), _, backend = _verify(scene, [layer], capturing_buffers=True)
     assert torch.equal(got, expected)
     rows = backend.__dict__[verify_attention._ROWS_ATTR].metadata
-    assert rows.attn_logits is backend.cuda_graph_attn_logits and rows.kv_indices is backend.cuda_graph_kv_indices
+    assert rows.attn_logits is backend.cuda_graph_attn_logits and rows.kv_indices is not backend.cuda_graph_kv_indices
     lens = [n + j + 1 for n in scene["seq_lens"] for j in range(STEPS_PLUS_ONE)]
     assert backend.cuda_graph_num_kv_splits[: len(lens)].tolist() == [-(-n // SPLIT_TILE) for n in lens]
 
