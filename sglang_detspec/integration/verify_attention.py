@@ -29,19 +29,22 @@ CUDA graphs
 The rows are built at the first attention layer of every forward, from ``forward_batch.seq_lens`` and
 ``req_pool_indices``, by device-only torch ops and upstream's ``create_flashinfer_kv_indices_triton`` (:func:`compat.kv_indices_kernel`), with shapes
 fixed by ``(B, steps + 1)``. Under capture they are recorded into the verify graph, so every replay rebuilds them
-from that replay's inputs. While capturing they are written into the backend's own CUDA-graph decode buffers
-(``cuda_graph_attn_logits`` / ``_attn_lse`` / ``_num_kv_splits`` / ``_kv_indices``). A verify graph state sizes
-those for ``max_bs x (steps + 1)`` rows and otherwise leaves them unused, so no memory is added. Eager forwards
-allocate them the way upstream's decode metadata does.
+from that replay's inputs. The decode kernel's scratch (``cuda_graph_attn_logits`` / ``_attn_lse``) and the split
+counts (``cuda_graph_num_kv_splits``) are the backend's own CUDA-graph decode buffers, which a verify graph state sizes
+for ``max_bs x (steps + 1)`` rows and otherwise leaves unused. The row index stream has its own buffer
+(``B x (steps + 1) x context length`` int64 from the graph's memory pool), because upstream refills
+``cuda_graph_kv_indices`` with the next verify's prefix before each replay. Eager forwards allocate everything at the
+size upstream's decode metadata would.
 
 Known limit (measured on the H200, sglang 0.5.17)
 -----------------------------------------------
 With CUDA graphs on, ``sglang-detspec check --traffic uniform,mixed`` saw the probe's tokens change with the
-traffic (2 and 3 unique outputs in 12 trials per profile), where the extend-kernel verify gave 1. The cause is not
+traffic, where the extend-kernel verify gave 1 output per profile: 2 and 3 unique outputs in 12 trials per profile
+while the rows were written into ``cuda_graph_kv_indices``, 1 and 2 (mixed: first difference at token 18) with their
+own buffer (200 seeds, still 200 / 200 identical to the reference). The cause is not
 found. Suspected: under overlap scheduling the next batch is planned while this verify graph runs, and SGLang
 assumes a verify graph has stopped reading ``req_to_token`` at its pre-replay snapshot, while the rows here read it
-during the replay. A second suspect: the rows are written into ``cuda_graph_kv_indices`` during the replay, and
-upstream fills the same buffer with the next verify's prefix before the next replay. A version that built the rows
+during the replay. A version that built the rows
 from the verify metadata's prefix stream and ``out_cache_loc`` into their own buffer crashed on the H200 with an
 illegal address, in graph warm-up and in an eager verify (commits 4d6148e, cd83cd8). It was reverted; finishing it
 is the next step.
@@ -49,7 +52,7 @@ is the next step.
 Cost
 ----
 Each verify row reads its prefix once, so the verify attention reads the prefix ``steps + 1`` times instead of
-once. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps upstream's verify.
+once, and each captured verify graph size holds the row index stream above. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps upstream's verify.
 """
 
 from __future__ import annotations
@@ -147,9 +150,9 @@ def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, cap
     kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     kv_indptr[1:] = torch.cumsum(row_lens, dim=0)
 
-    def graph_buffer(name: str, needed: int):
+    def graph_buffer(name: str):
         buffer = getattr(backend, name, None) if capturing else None
-        return buffer if buffer is not None and buffer.shape[0] >= needed else None
+        return buffer if buffer is not None and buffer.shape[0] >= rows else None
 
     seq_lens_sum = getattr(forward_batch, "seq_lens_sum", None)
     if seq_lens_sum is None or capturing:
@@ -164,13 +167,13 @@ def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, cap
     )
 
     shape = (rows, backend.num_head, backend.max_kv_splits)
-    attn_logits = graph_buffer("cuda_graph_attn_logits", rows)
+    attn_logits = graph_buffer("cuda_graph_attn_logits")
     if attn_logits is None:
         attn_logits = torch.empty(shape + (backend.v_head_dim,), dtype=torch.float32, device=device)
-    attn_lse = graph_buffer("cuda_graph_attn_lse", rows)
+    attn_lse = graph_buffer("cuda_graph_attn_lse")
     if attn_lse is None:
         attn_lse = torch.empty(shape, dtype=torch.float32, device=device)
-    num_kv_splits = graph_buffer("cuda_graph_num_kv_splits", rows)
+    num_kv_splits = graph_buffer("cuda_graph_num_kv_splits")
     num_kv_splits = torch.empty(rows, dtype=torch.int32, device=device) if num_kv_splits is None else num_kv_splits
     backend.get_num_kv_splits(num_kv_splits[:rows], row_lens)
 
