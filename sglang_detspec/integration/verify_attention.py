@@ -145,7 +145,9 @@ def build_decode_rows(backend: Any, forward_batch: Any, steps_plus_one: int, cap
     seq_lens = forward_batch.seq_lens[:bs]
     offsets = torch.arange(1, steps_plus_one + 1, device=device, dtype=seq_lens.dtype)
     row_lens = (seq_lens.unsqueeze(1) + offsets).reshape(-1)
-    row_reqs = forward_batch.req_pool_indices[:bs].unsqueeze(1).expand(bs, steps_plus_one).reshape(-1)
+    # contiguous(): the index kernel reads row_reqs[row] by pointer offset. For one request, expand(1, S).reshape(-1)
+    # is still a stride-0 view of a 1-element tensor, so rows 1..S read past it (H200: zero slots, wrong tokens).
+    row_reqs = forward_batch.req_pool_indices[:bs].unsqueeze(1).expand(bs, steps_plus_one).contiguous().view(-1)
 
     kv_indptr = torch.zeros(rows + 1, dtype=torch.int32, device=device)
     kv_indptr[1:] = torch.cumsum(row_lens, dim=0)

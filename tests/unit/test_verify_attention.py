@@ -103,10 +103,16 @@ def _decode_metadata(backend, req: int, length: int):
     )
 
 
-@pytest.fixture
-def scene():
+#: (seq_lens, req_pool_indices): prefixes of 2 and 3 split tiles with requests out of pool order; and one request
+#: alone, whose per-row request index is a broadcast view unless the rows copy it (H200, 2026-12-04: rows 1..S read
+#: request 0's cache slots then, and the probe alone gave other tokens than with fillers).
+BATCHES = {"two_requests": ([13, 21], [2, 0]), "one_request": ([13], [2])}
+
+
+@pytest.fixture(params=list(BATCHES))
+def scene(request):
     generator = torch.Generator().manual_seed(20261204)
-    seq_lens, reqs = [13, 21], [2, 0]  # prefixes of 2 and 3 split tiles; requests out of pool order
+    seq_lens, reqs = BATCHES[request.param]
     req_to_token = torch.randperm(4 * MAX_CONTEXT, generator=generator).to(torch.int32).reshape(4, MAX_CONTEXT)
     pool = _Pool(4 * MAX_CONTEXT, layers=2, generator=generator)
     rows = len(seq_lens) * STEPS_PLUS_ONE
