@@ -355,19 +355,6 @@ def checks(e2e_pool):
     return results
 
 
-#: Measured on the H200 (sglang 0.5.17, commit 63a2d5a, docs/e2e_invariant_h200.json): with the decode-order verify
-#: (integration/verify_attention.py) the invariant mode matched the reference on 1,000 / 1,000 seeds, but with CUDA
-#: graphs on the probe's tokens changed with the traffic (uniform 2, mixed 3 unique outputs in 12 trials; the probe
-#: alone still matched the reference). Cause not found; see verify_attention's "Known limit". Not strict: a run whose
-#: traffic happens not to expose it passes.
-CHANGING_BATCH_LIMIT = pytest.mark.xfail(
-    strict=False,
-    reason="H200 2026-12-04, commit 63a2d5a: DETSPEC_EAGLE_INVARIANT with CUDA graphs gave 2-3 unique probe outputs in "
-    "12 changing-batch trials (verify_attention.py, Known limit)",
-)
-
-
-@CHANGING_BATCH_LIMIT
 def test_invariant_check_gives_one_output_under_changing_batches(checks):
     res = checks["invariant_graph"]
     rep = res["report"]
@@ -378,7 +365,6 @@ def test_invariant_check_gives_one_output_under_changing_batches(checks):
     assert rep["seeds_check"]["passed"], rep["seeds_check"]
 
 
-@CHANGING_BATCH_LIMIT
 def test_invariant_check_against_the_reference_passes(checks):
     res = checks["invariant_graph"]
     against = res["report"].get("against")
