@@ -8,6 +8,7 @@ real compiler is used and the ``gpu``-marked tests run too (``scripts/run_gpu_ch
 
 import os
 
+import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
@@ -19,11 +20,25 @@ GPU_SKIP_REASON = "needs a CUDA GPU; run scripts/run_gpu_checks.sh on a GPU mach
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
     if HAS_CUDA:
         return
     skip_gpu = pytest.mark.skip(reason=GPU_SKIP_REASON)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _restore_process_environment():
+    """Give every test the environment it started with, whatever the test before it resolved.
+
+    ``ServerArgs.__post_init__`` writes process environment variables as a side effect: for a CP-v2 default
+    architecture (MiMo-V2-Flash, the multi-layer tests' model) it sets ``SGLANG_ENABLE_CP_V2=True``, after which
+    SGLang's ``PrefillAdder`` asks for a context-parallel group that a CPU test never initialises. With pytest-xdist
+    the test that resolved such arguments and the scheduler tests can share a worker in any order.
+    """
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
