@@ -19,7 +19,9 @@
    (chi-square independence on a 16x16 table, p > 1e-3, and |Pearson r| * sqrt(N) <= 4).
 4. Coupled race (issue 18, ``kernels/coupled_race.py``): its float32 Gumbel screen against float64 for all 2**32
    hashes (2**-11 absolute), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
-   where SGLang is absent) on >= 10**6 rows incl. constructed near ties and u = 1 / u = 0 hashes.  Zero mismatches.
+   where SGLang is absent) on >= 10**6 rows incl. constructed near ties and u = 1 / u = 0 hashes, for the race on
+   ``torch.log(probs)`` and for ``coupled_race_probs`` (the log taken in the kernel; its ``tl.log`` is also compared
+   with ``torch.log`` on every float32 from +0 to +inf).  Zero mismatches.
 Prints a summary and writes ``DIR/kernel_checks.json``; exit status 0 iff every check passed.
 """
 
@@ -49,7 +51,7 @@ from sglang_detspec.upstream_replica import (  # noqa: E402
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
-from sglang_detspec.kernels.coupled_race import coupled_race, gumbel_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_race import coupled_race, coupled_race_probs, gumbel_f32  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -371,7 +373,7 @@ def check_coupled_parity(total_rows: int, log) -> dict:
             return coupled_race_reference_probs(probs, sampling_seed, positions, cap_unit_uniform=True)
     g = torch.Generator(device=DEV).manual_seed(4321)
     vocabs, kinds, temps = [151936, 32000, 4099], ["dense", "topk50", "flat", "peaked", "ties"], [0.3, 1.0, 3.0]
-    rows = mism = divide_mism = batches = 0
+    rows = mism = fused_mism = divide_mism = batches = 0
     t0 = time.time()
     while rows < total_rows:
         V, kind, temp = vocabs[batches % 3], kinds[(batches // 3) % 5], temps[(batches // 15) % 3]
@@ -400,13 +402,38 @@ def check_coupled_parity(total_rows: int, log) -> dict:
         want = upstream(probs.clone(), sampling_seed=seeds, positions=pos).to(torch.int64).view(-1)
         logprobs = torch.log(probs)
         mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap) != want).sum())
+        fused_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap) != want).sum())
         divide_mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap, uniform="divide") != want).sum())
         rows, batches = rows + B, batches + 1
         if batches % 50 == 0:
             log(f"  coupled parity: {rows} rows, {mism} mismatches, {time.time() - t0:.0f}s")
         del probs, logprobs, want
     return dict(name=f"coupled race vs {against} (token-id keyed, cap={cap})", rows=rows, mismatches=mism,
-                divide_form_mismatches=divide_mism, passed=mism == 0, seconds=round(time.time() - t0, 1))
+                fused_log_mismatches=fused_mism, divide_form_mismatches=divide_mism,
+                passed=mism == 0 and fused_mism == 0, seconds=round(time.time() - t0, 1))
+
+
+@triton.jit
+def _kernel_log(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.log(tl.load(x_ptr + offs, mask=mask)), mask=mask)
+
+
+def check_kernel_log() -> dict:
+    """coupled_race_probs takes float32 ``log`` in the kernel (``tl.log``, kernels/coupled_race.py::_load_logprob);
+    it is exact only if that equals CUDA torch's ``torch.log`` bit for bit: checked on every float32 from +0 to
+    +inf (the bit patterns 0 .. 0x7F800000; below 0 both give NaN)."""
+    mism, chunk, end = 0, 1 << 28, 0x7F800001
+    for start in range(0, end, chunk):
+        n = min(chunk, end - start)
+        x = torch.arange(start, start + n, device=DEV, dtype=torch.int64).to(torch.int32).view(torch.float32)
+        y = torch.empty_like(x)
+        _kernel_log[(triton.cdiv(n, 4096),)](x, y, n, BLOCK=4096)
+        mism += int((y.view(torch.int32) != torch.log(x).view(torch.int32)).sum())
+        del x, y
+    return dict(name="coupled race: in-kernel float32 log vs torch.log, every float32 in [+0, +inf]",
+                values=end, mismatches=mism, passed=mism == 0)
 
 
 def main(argv=None) -> int:
@@ -432,7 +459,7 @@ def main(argv=None) -> int:
     results = []
     t0 = time.time()
     if args.only == "coupled":
-        for r in (check_gumbel_screen(), check_coupled_parity(rows, log)):
+        for r in (check_gumbel_screen(), check_kernel_log(), check_coupled_parity(rows, log)):
             results.append(r)
             log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
                 f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
@@ -444,7 +471,7 @@ def main(argv=None) -> int:
             f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
     for r in ([] if args.only == "coupled" else [
             check_cpu_reference(64 if args.quick else 256), check_near_ties(max(2048, rows // 50), log),
-            check_parity(rows, log), check_coupled_parity(rows, log)]):
+            check_parity(rows, log), check_kernel_log(), check_coupled_parity(rows, log)]):
         results.append(r)
         log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
             f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))

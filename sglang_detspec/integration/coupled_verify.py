@@ -78,17 +78,18 @@ def coupled_target_tokens(sampling_info: Any, target_probs: torch.Tensor, positi
             per_row(sampling_info.min_ps) if need_min_p else None,
             renormalize=False,  # the non-speculative race reads the kept values as they are
         )
-    logprobs = torch.log(flat)  # the op sampling_from_probs_torch runs before multinomial_with_seed
+    # The race reads torch.log(flat), the op sampling_from_probs_torch runs before multinomial_with_seed; on CUDA
+    # the kernel takes that log itself (bit-identical there, kernels/coupled_race.py), so no [B*(S+1), V] temporary.
     seeds = torch.repeat_interleave(sampling_info.sampling_seed.reshape(-1)[:bs].to(torch.int64), rows)
     cap = compat.seeded_race_caps_unit_uniform()
-    if logprobs.is_cuda:
-        from sglang_detspec.kernels.coupled_race import coupled_race
+    if flat.is_cuda:
+        from sglang_detspec.kernels.coupled_race import coupled_race_probs
 
-        tokens = coupled_race(logprobs, seeds, positions.reshape(-1), cap_unit_uniform=cap)
+        tokens = coupled_race_probs(flat, seeds, positions.reshape(-1), cap_unit_uniform=cap)
     else:
         from sglang_detspec.coupled_reference import coupled_race_reference
 
-        tokens = coupled_race_reference(logprobs, seeds, positions.reshape(-1), cap_unit_uniform=cap)
+        tokens = coupled_race_reference(torch.log(flat), seeds, positions.reshape(-1), cap_unit_uniform=cap)
     return tokens.view(bs, rows)
 
 

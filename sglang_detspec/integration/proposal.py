@@ -23,8 +23,8 @@ drafts go to), which is the position the verify keys that draft's row with.
 
 CUDA-graph caveat: all inputs must be device tensors that live in persistent
 graph buffers when called under capture (``sampling_seed``, ``positions``,
-``top_ks``); the function allocates only outputs (and, coupled, a float32
-``log q`` and the race's per-chunk partials) and never synchronises. The scheme is
+``top_ks``); the function allocates only outputs (and, coupled, the race's
+per-chunk partials; a half-precision q is first copied to float32) and never synchronises. The scheme is
 read at call time, i.e. once at capture: it is fixed before any graph is built.
 """
 
@@ -117,20 +117,20 @@ def coupled_draft_proposal(
     target's race picks for a ``top_k = 1`` row. Which token the draft proposes changes only how many tokens are
     accepted, never which tokens are emitted.
     """
-    logq = torch.log(probs.float())  # exact for half-precision q; the race reads float32 log-probabilities
+    q32 = probs.float()  # exact for half-precision q (a no-op for float32); the race reads float32 log q
     seeds = sampling_seed[: probs.shape[0]].to(torch.int64)
     pos = positions[: probs.shape[0]]
     if pos.dtype not in (torch.int32, torch.int64):
         pos = pos.to(torch.int64)
     cap = compat.seeded_race_caps_unit_uniform()
     if probs.is_cuda:
-        from sglang_detspec.kernels.coupled_race import coupled_race
+        from sglang_detspec.kernels.coupled_race import coupled_race_probs
 
-        tokens = coupled_race(logq, seeds, pos, cap_unit_uniform=cap)
+        tokens = coupled_race_probs(q32, seeds, pos, cap_unit_uniform=cap)  # log q taken in the kernel
     else:
         from sglang_detspec.coupled_reference import coupled_race_reference
 
-        tokens = coupled_race_reference(logq, seeds, pos, cap_unit_uniform=cap)
+        tokens = coupled_race_reference(torch.log(q32), seeds, pos, cap_unit_uniform=cap)
     if greedy is not None:
         tokens = torch.where(greedy, probs.argmax(dim=1), tokens)
     index = tokens.view(-1, 1)

@@ -6,7 +6,8 @@ release / device variants (``cap_unit_uniform``, ``uniform``) and the input (flo
 probabilities SGLang's sampler races) are in :mod:`sglang_detspec.coupled_reference`, whose
 :func:`~sglang_detspec.coupled_reference.coupled_race_reference` is the CPU twin.  Upstream materialises
 ``[R, V]`` uint32 hashes and float64 scores (12 bytes per element); this kernel reads ``logprobs`` once and
-allocates ``O(R * V / BLOCK)`` bytes.  The speculation-invariant verify and proposal (issue 18) are this race
+allocates ``O(R * V / BLOCK)`` bytes (:func:`coupled_race_probs` reads the probabilities instead and takes the
+log itself, with a cheaper screen, below).  The speculation-invariant verify and proposal (issue 18) are this race
 on the target's and on the draft's probabilities with the same keys (:func:`coupled_verify` below).
 
 Design (the idea of ``seeded_draft_sample.py``: a float32 screen, exact float64 only where it can matter)
@@ -22,6 +23,18 @@ Stage 1, grid ``(R, cdiv(V, BLOCK))``, one BLOCK-column chunk per program:
     rule (rare: ``V / 2**32`` per row for the hash);
   * a chunk whose scores are all ``-inf`` (every token truncated) reports ``(-inf, first index)``, exactly.
 Stage 2, grid ``(R,)``: first NaN, else the first index of the maximum over the chunks' ``(float64, index)``.
+
+:func:`coupled_race_probs` (what the verify and the proposal run) reads ``p`` and screens with the ratio
+``r = (p * 2**64) / E32`` (``E32`` = :func:`exponential_f32`, ``argmax(log p + g) = argmax(p / E)``): one ``log``
+per token instead of three (``log p``, ``log E``, and ``log u`` inside ``E``).  ``p * 2**64`` is exact and lifts
+subnormal ``p`` into the normal range, so every ratio of a probability is normal (``p <= 2**16`` is required, larger
+values, ``+inf``, NaN and negative ``p`` send the chunk to the exact path).  Candidates are ``r >= m * exp(-delta)``,
+``delta = 2**-8 + 2**-20 (|log m - 64 ln 2| + 1) + 2**-20``.  The bound: ``log r32`` is within ``2**-12.8`` (``E32``,
+below) ``+ 2**-22`` (float32 division, 2 ulp) ``+ 2**-23 |lp|`` (``lp`` = the float32 ``log p`` the exact score
+uses) of ``s64 + 64 ln 2``, and ``|lp| <= |s64| + 22.2`` (``g`` lies in ``[-3.1, 22.2]`` for ``h != 0``), so twice
+that error stays below ``delta`` minus the threshold's float32 rounding by a factor of about 13.  ``h = 0``
+(``g = -709.78``) gets ratio 0: it can only beat zero-probability tokens (any ``p > 0`` scores above ``-106.4``),
+and a chunk whose ratios are all 0 while some ``p > 0`` is scored exactly; all ``p = 0`` is ``(-inf, lo)``.
 
 Why the screen is exact (the bound)
 -----------------------------------
@@ -41,9 +54,11 @@ CUDA graphs: capturable.  ``seeds`` and ``positions`` are read from device memor
 them in place); the shapes, ``cap_unit_uniform``, ``uniform`` and ``block_size`` are baked into the capture.
 No host synchronisation and no value-dependent host branching (validation reads shapes and dtypes only);
 each call allocates the ``[R]`` output and ``[R, cdiv(V, BLOCK)]`` float64 + int32 partials (from the
-graph's private pool under capture).  :func:`coupled_verify` adds a float32 ``torch.log`` of the target
-probabilities (an ``[R, V]`` float32 temporary; fusing it would need libdevice ``logf`` to match torch's
-CUDA ``log`` bit for bit -- unverified, so not done) and a few ``[B, S+1]`` torch ops.
+graph's private pool under capture).  :func:`coupled_race_probs` reads the probabilities and takes the float32
+``log`` itself, so neither the verify nor the proposal writes an ``[R, V]`` log-probability temporary (a separate
+``torch.log`` pass cost 148 us of 488 us and 297 MiB at R = 512, V = 151936 on the H200); that is exact because
+the kernel's ``tl.log`` equals CUDA torch's ``log`` on every non-negative float32 there (measured by
+``scripts/gpu_kernel_checks.py``).  :func:`coupled_verify` adds a few ``[B, S+1]`` torch ops.
 """
 
 from __future__ import annotations
@@ -67,7 +82,7 @@ from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_voc
 # The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
 from .seeded_draft_sample import _fmix32, _mix32
 
-__all__ = ["coupled_race", "coupled_verify", "gumbel_f32", "DEFAULT_BLOCK"]
+__all__ = ["coupled_race", "coupled_race_probs", "coupled_verify", "gumbel_f32", "DEFAULT_BLOCK"]
 
 #: Columns per stage-1 program on a GPU (tests raise or lower it through ``block_size``).
 DEFAULT_BLOCK = 2048
@@ -82,6 +97,11 @@ _TWO_M32 = tl.constexpr(2.0**-32)
 # Candidate margin (module docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|)
 _ABS_MARGIN = tl.constexpr(2.0**-8)
 _REL_MARGIN = tl.constexpr(2.0**-20)
+_TWO_P64 = tl.constexpr(2.0**64)  # the ratio screen's exact scaling of p
+_LN_TWO_P64 = tl.constexpr(64 * 0.6931471805599453)
+_NEG_REL_MARGIN = tl.constexpr(-(2.0**-20))  # -_REL_MARGIN: the threshold's exponent is built without a unary minus
+_RATIO_SLACK = tl.constexpr(2.0**-20)  # covers the float32 rounding of the threshold m * exp(-delta)
+_P_SCREEN_MAX = tl.constexpr(2.0**16)  # above it (+inf, or not a probability) a chunk is scored exactly
 
 
 @triton.jit
@@ -103,14 +123,20 @@ def gumbel_f32(h):
     Every hash gets a finite value (``h = 2**32 - 1`` that of the 0.5.18+ cap; without the cap the kernel
     flags it instead).  Public so that scripts/gpu_kernel_checks.py measures this very expression.
     """
+    return tl.where(h == 0, _G_HASH_ZERO, -tl.log(exponential_f32(h)))
+
+
+@triton.jit
+def exponential_f32(h):
+    """float32 ``E = -log(u)``, ``u = h / (2**32 - 1)``, within relative 2**-13 of it (module docstring); ``h = 0``
+    gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces."""
     k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
     # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
     # the mask keeps the discarded lanes finite (the interpreter evaluates them too)
     w = (k & 0x7FFFFF).to(tl.float32) * _TWO_M32
     e_series = tl.maximum(w * (1.0 + w * (0.5 + w * 0.3333333333333333)), _TWO_M32)  # k = 0: the cap's 2**-32
-    u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced below; keep log finite
-    e = tl.where(k < 0x800000, e_series, -tl.log(u))
-    return tl.where(h == 0, _G_HASH_ZERO, -tl.log(e))
+    u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced by the caller; keep log finite
+    return tl.where(k < 0x800000, e_series, -tl.log(u))
 
 
 @triton.jit
@@ -131,9 +157,22 @@ def _exact_score_of(lp, h_row, col, CAP: tl.constexpr, RECIP: tl.constexpr):
 
 
 @triton.jit
-def _exact_chunk(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr):
+def _load_logprob(ptr, mask, FROM_PROBS: tl.constexpr):
+    """The float32 log-probability at ``ptr``: read as given, or ``log`` of the probability stored there.
+
+    ``tl.log`` of float32 on the H200 equals CUDA torch's ``torch.log`` bit for bit on every non-negative float32
+    (and both give NaN below 0), which ``scripts/gpu_kernel_checks.py --only coupled`` measures; masked lanes read
+    probability 0, whose log is the ``-inf`` a masked log-probability lane reads.
+    """
+    if FROM_PROBS:
+        return tl.log(tl.load(ptr, mask=mask, other=0.0))
+    return tl.load(ptr, mask=mask, other=float("-inf"))
+
+
+@triton.jit
+def _exact_chunk(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
     """Exact float64 argmax of one chunk with torch.argmax semantics: (NaN, first NaN) or (max, first max)."""
-    lp = tl.load(row_ptr + offs, mask=valid, other=float("-inf"))
+    lp = _load_logprob(row_ptr + offs, valid, FROM_PROBS)
     s = _exact_score_of(lp, h_row, offs, CAP, RECIP)
     nan_i = tl.min(tl.where(valid & (s != s), offs, _INT_MAX), 0)
     sm = tl.where(valid & (s == s), s, float("-inf"))
@@ -144,9 +183,29 @@ def _exact_chunk(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.const
 
 
 @triton.jit
+def _rescore(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
+    """The exact float64 argmax over the screen's candidates (at least one), in increasing index order."""
+    n = tl.sum(cand.to(tl.int32), 0)
+    j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
+    res_score = _exact_score_of(_load_logprob(row_ptr + j, True, FROM_PROBS), h_row, j, CAP, RECIP)
+    res_idx = j
+    rest = cand & (offs != j)
+    k = n - 1
+    while k > 0:  # near ties: the other candidates, in increasing index order
+        j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
+        rest = rest & (offs != j2)
+        k -= 1
+        s64 = _exact_score_of(_load_logprob(row_ptr + j2, True, FROM_PROBS), h_row, j2, CAP, RECIP)
+        if s64 > res_score:  # strict: the first index of an exact tie stays
+            res_score = s64
+            res_idx = j2
+    return res_score, res_idx
+
+
+@triton.jit
 def _race_stage1(
     lp_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
-    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr, FROM_PROBS: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -155,34 +214,44 @@ def _race_stage1(
     lo = c * BLOCK
     offs = lo + tl.arange(0, BLOCK)
     valid = offs < V
-    lp = tl.load(row_ptr + offs, mask=valid, other=float("-inf"))
     h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
-    special = valid & ((lp != lp) | (lp == float("inf")))
-    if not CAP:
-        special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
-    if tl.sum(special.to(tl.int32), 0) > 0:
-        res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP)
+    if FROM_PROBS:
+        # Ratio screen: argmax(log p + g) = argmax(p / E), one log per token (E's) instead of three.
+        p = tl.load(row_ptr + offs, mask=valid, other=0.0)
+        # NaN, negative (log NaN) and +inf or non-probability values (the scaled ratio could overflow): exact
+        special = valid & ((p != p) | (p < 0.0) | (p > _P_SCREEN_MAX))
+        if not CAP:
+            special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at p = 0)
+        if tl.sum(special.to(tl.int32), 0) > 0:
+            res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
+        else:
+            # p * 2**64 is exact and lifts subnormal p into the normal range, so every ratio is normal or 0; h = 0
+            # (g = -709.78) can only beat zero-probability tokens: ratio 0 here, settled exactly below.
+            r = tl.where(valid & (h != 0), (p * _TWO_P64) / exponential_f32(h), 0.0)
+            m = tl.max(r, 0)
+            if m > 0.0:
+                s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
+                neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - _ABS_MARGIN - _RATIO_SLACK
+                cand = r >= m * tl.exp(neg_delta)
+                res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, FROM_PROBS)
+            elif tl.sum((valid & (p > 0.0)).to(tl.int32), 0) > 0:
+                res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
+            # else every probability is 0: every score is exactly -inf, and (-inf, lo) is the chunk's argmax
     else:
-        s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
-        m = tl.max(s, 0)
-        if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
-            cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
-            n = tl.sum(cand.to(tl.int32), 0)
-            j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
-            res_score = _exact_score_of(tl.load(row_ptr + j), h_row, j, CAP, RECIP)
-            res_idx = j
-            rest = cand & (offs != j)
-            k = n - 1
-            while k > 0:  # near ties: the other candidates, in increasing index order
-                j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
-                rest = rest & (offs != j2)
-                k -= 1
-                s64 = _exact_score_of(tl.load(row_ptr + j2), h_row, j2, CAP, RECIP)
-                if s64 > res_score:  # strict: the first index of an exact tie stays
-                    res_score = s64
-                    res_idx = j2
+        lp = _load_logprob(row_ptr + offs, valid, FROM_PROBS)
+        special = valid & ((lp != lp) | (lp == float("inf")))
+        if not CAP:
+            special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
+        if tl.sum(special.to(tl.int32), 0) > 0:
+            res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
+        else:
+            s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
+            m = tl.max(s, 0)
+            if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
+                cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
+                res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, FROM_PROBS)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 
@@ -247,22 +316,49 @@ def coupled_race(
     Same answer as the reference on every input, degenerate rows included: an all ``-inf`` row returns token
     0, a NaN the first NaN, ``+inf`` the first ``+inf`` (or a NaN before it).  CUDA-graph caveats: module docstring.
     """
-    check_coupled_race_inputs(logprobs, seeds, positions, uniform, float32_only=True)
-    require_vocab_contiguous("logprobs", logprobs)
-    require_cuda_or_interpreter(logprobs, "sglang_detspec.coupled_reference.coupled_race_reference")
-    R, V = logprobs.shape
-    out = torch.empty(R, dtype=torch.int64, device=logprobs.device)
+    return _race(logprobs, seeds, positions, False, "logprobs", cap_unit_uniform, uniform, block_size, num_warps)
+
+
+def coupled_race_probs(
+    probs: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    cap_unit_uniform: bool = True,
+    uniform: Optional[str] = None,
+    block_size: Optional[int] = None,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """:func:`coupled_race` of ``torch.log(probs)``, with the log taken in the kernel: no ``[R, V]`` temporary, and
+    the cheaper ratio screen (module docstring). What the invariant verify and proposal run.
+
+    ``probs`` is ``[R, V]`` float32 (rows contiguous in the vocab dimension, a strided row view is read in
+    place); the other arguments are :func:`coupled_race`'s. Exact where the kernel's float32 ``log`` is CUDA
+    torch's, which ``scripts/gpu_kernel_checks.py --only coupled`` measures over every non-negative float32 (on
+    the H200: equal on all of them). Under the Triton interpreter (CPU tests) the kernel's ``log`` is numpy's,
+    which differs from CPU torch's in the last bit for a few percent of inputs: the CPU twin is then
+    :func:`~sglang_detspec.coupled_reference.coupled_race_reference` of ``numpy.log(probs)``.
+    """
+    return _race(probs, seeds, positions, True, "probs", cap_unit_uniform, uniform, block_size, num_warps)
+
+
+def _race(rows, seeds, positions, from_probs, name, cap_unit_uniform, uniform, block_size, num_warps):
+    check_coupled_race_inputs(rows, seeds, positions, uniform, float32_only=True)
+    require_vocab_contiguous(name, rows)
+    require_cuda_or_interpreter(rows, "sglang_detspec.coupled_reference.coupled_race_reference")
+    R, V = rows.shape
+    out = torch.empty(R, dtype=torch.int64, device=rows.device)
     if R == 0:
         return out
     block = _block_for(V, block_size)
     nc = triton.cdiv(V, block)
-    part_score = torch.empty((R, nc), dtype=torch.float64, device=logprobs.device)
-    part_idx = torch.empty((R, nc), dtype=torch.int32, device=logprobs.device)
-    recip = resolve_uniform(uniform, logprobs.device) == "reciprocal"
+    part_score = torch.empty((R, nc), dtype=torch.float64, device=rows.device)
+    part_idx = torch.empty((R, nc), dtype=torch.int32, device=rows.device)
+    recip = resolve_uniform(uniform, rows.device) == "reciprocal"
     seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
     _race_stage1[(R, nc)](
-        logprobs, logprobs.stride(0), seeds, positions, part_score, part_idx, V, nc,
-        CAP=bool(cap_unit_uniform), RECIP=recip, BLOCK=block, num_warps=int(num_warps),
+        rows, rows.stride(0), seeds, positions, part_score, part_idx, V, nc,
+        CAP=bool(cap_unit_uniform), RECIP=recip, BLOCK=block, FROM_PROBS=bool(from_probs), num_warps=int(num_warps),
     )
     _race_stage2[(R,)](part_score, part_idx, out, nc, CB=min(1024, max(16, triton.next_power_of_2(nc))), num_warps=4)
     return out
@@ -283,6 +379,8 @@ def coupled_verify(
     """
     check_verify_inputs(target_probs, draft_tokens, seeds, positions)
     B, S1, V = target_probs.shape
-    logprobs = torch.log(target_probs.reshape(B * S1, V))  # the torch op SGLang's sampling_from_probs_torch runs
-    target = coupled_race(logprobs, seeds.repeat_interleave(S1), positions.reshape(-1), **race_options)
+    # log(target_probs), the torch op SGLang's sampling_from_probs_torch runs, is taken inside the kernel
+    target = coupled_race_probs(
+        target_probs.reshape(B * S1, V), seeds.repeat_interleave(S1), positions.reshape(-1), **race_options
+    )
     return accept_and_emit(target.view(B, S1), draft_tokens)

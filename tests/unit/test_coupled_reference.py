@@ -38,13 +38,8 @@ def _release_caps_unit_uniform() -> bool:
 @pytest.fixture
 def sglang_sampler(monkeypatch):
     """(SGLang's sampler module with its seeded path runnable on CPU, whether its own hash is fast there, monkeypatch)."""
-    from sglang.srt.layers import sampler as sampler_module
-
-    what = harness.sglang_hash_on_cpu(monkeypatch)
+    sampler_module, what = harness.sglang_seeded_sampler(monkeypatch)
     murmur = importlib.import_module("sglang.kernels.ops.sampling.murmur_hash").murmur_hash32
-    monkeypatch.setattr(sampler_module, "murmur_hash32", murmur, raising=False)  # imported by name there
-    compiled = sampler_module.multinomial_with_seed
-    monkeypatch.setattr(sampler_module, "multinomial_with_seed", getattr(compiled, "_torchdynamo_orig_callable", compiled))
     return sampler_module, what == "sglang murmur_hash32" and _routes_cpu_to_sgl_kernel(murmur), monkeypatch
 
 

@@ -6,17 +6,19 @@ against SGLang's ``multinomial_with_seed`` in test_coupled_reference.py; this fi
 Every case runs both release variants (``cap_unit_uniform``) and both float64 uniform forms.
 """
 
+import numpy as np
 import pytest
 import torch
 
 from sglang_detspec.coupled_reference import (
     EMIT_PAD,
+    accept_and_emit,
     coupled_gumbel_reference,
     coupled_race_reference,
     coupled_verify_reference,
     position_with_hash,
 )
-from sglang_detspec.kernels.coupled_race import coupled_race, coupled_verify
+from sglang_detspec.kernels.coupled_race import coupled_race, coupled_race_probs, coupled_verify
 from sglang_detspec.reference import murmur3_unsalted_hash
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,12 +41,27 @@ def _rows(R, V, kind, seed):
     return logprobs, seeds, positions
 
 
+def _kernel_log(probs):
+    """The float32 ``log`` ``coupled_race_probs`` takes inside the kernel, on this device: ``tl.log``. On a GPU that
+    is torch's own (equal on every float32, scripts/gpu_kernel_checks.py); the interpreter runs it as numpy's, which
+    differs from CPU torch's in the last bit on a few percent of inputs."""
+    if DEV == "cuda":
+        return torch.log(probs)
+    return torch.from_numpy(np.log(probs.numpy()))
+
+
 def _check(logprobs, seeds, positions, cap, uniform, block=None):
+    """The race on ``logprobs`` and, with the log taken in the kernel, on ``exp(logprobs)``, vs the reference."""
     got = coupled_race(logprobs.to(DEV), seeds.to(DEV), positions.to(DEV), cap_unit_uniform=cap, uniform=uniform,
                        block_size=block)
     want = coupled_race_reference(logprobs, seeds, positions, cap_unit_uniform=cap, uniform=uniform)
     assert got.dtype == torch.int64 and got.shape == (logprobs.shape[0],)
     assert torch.equal(got.cpu(), want), (got.tolist(), want.tolist())
+    probs = torch.exp(logprobs)  # -inf -> 0, +inf -> +inf, NaN -> NaN: the same special entries
+    got_p = coupled_race_probs(probs.to(DEV), seeds.to(DEV), positions.to(DEV), cap_unit_uniform=cap,
+                               uniform=uniform, block_size=block)
+    want_p = coupled_race_reference(_kernel_log(probs), seeds, positions, cap_unit_uniform=cap, uniform=uniform)
+    assert torch.equal(got_p.cpu(), want_p), (got_p.tolist(), want_p.tolist())
     return want
 
 
@@ -154,15 +171,17 @@ def test_verify_wrapper_matches_reference():
     probs[0, 1, 100:] = 0.0  # a truncated verify row
     seeds = torch.randint(-(2**63), 2**63 - 1, (B,), generator=g)
     positions = torch.randint(0, 2**31, (B, 1), generator=g) + torch.arange(S + 1)
-    target = coupled_race_reference(
-        torch.log(probs.reshape(-1, V)), seeds.repeat_interleave(S + 1), positions.reshape(-1)
+    target = coupled_race_reference(  # the verify takes the log inside the kernel
+        _kernel_log(probs.reshape(-1, V)), seeds.repeat_interleave(S + 1), positions.reshape(-1)
     ).view(B, S + 1)
     drafts = target[:, :S].clone()
     drafts[1, 0] = (drafts[1, 0] + 1) % V  # rejected at once
     drafts[2, 2] = (drafts[2, 2] + 1) % V  # rejected at the last draft
     acc_k, emit_k = coupled_verify(probs.to(DEV), drafts.to(DEV), seeds.to(DEV), positions.to(DEV), block_size=64)
-    acc_r, emit_r = coupled_verify_reference(probs, drafts, seeds, positions)
+    acc_r, emit_r = accept_and_emit(target, drafts)
     assert torch.equal(acc_k.cpu(), acc_r) and torch.equal(emit_k.cpu(), emit_r)
+    if torch.equal(_kernel_log(probs), torch.log(probs)):  # on a GPU: also the reference verify end to end
+        assert torch.equal(acc_r, coupled_verify_reference(probs, drafts, seeds, positions)[0])
     assert acc_r.tolist() == [S, 0, 2, S]
     assert emit_r[1].tolist() == [int(target[1, 0])] + [EMIT_PAD] * S
 
@@ -186,3 +205,51 @@ def test_invalid_inputs_are_refused_with_the_fix(change, match):
     bad = change(args)
     with pytest.raises(ValueError, match=match):
         coupled_race(bad.pop("logprobs"), bad.pop("seeds"), bad.pop("positions"), **bad)
+
+
+def test_probs_screen_subnormal_large_negative_and_signed_zero():
+    """The ratio screen of ``coupled_race_probs`` (kernels/coupled_race.py): rows of subnormal probabilities only
+    (the 2**64 scaling), a subnormal token that outscores a normal one by its noise, values above the screen's
+    2**16 limit and +inf (exact chunks), a negative value (log NaN), -0.0 (log -inf), and a row whose only positive
+    probability sits on a hash of 0 (every ratio 0: the exact fallback)."""
+    V, block = 96, 32
+    R = 7
+    g = torch.Generator().manual_seed(21)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    probs = torch.softmax(torch.randn(R, V, generator=g) * 2, -1)
+    tiny = torch.finfo(torch.float32).tiny
+    probs[0] = torch.rand(V, generator=g) * tiny  # every probability subnormal
+    probs[1, :] = 0.0
+    probs[1, 5] = 2.0**-126
+    probs[1, 40] = 3e-45  # subnormal, far below token 5 unless the noise lifts it
+    probs[1, 70] = 7e-39
+    probs[2, 33] = 2.0**20  # above the screen limit: that chunk is scored exactly
+    probs[3, 50] = float("inf")
+    probs[4, 12] = -0.5  # log NaN: the first NaN wins
+    probs[5, :] = 0.0
+    probs[5, 60] = -0.0
+    probs[5, 61] = 1.0
+    positions[6] = position_with_hash(int(seeds[6]), 17, 0)
+    probs[6, :] = 0.0
+    probs[6, 17] = 0.25  # the only live token has h = 0: finite score, ratio 0
+    for cap, uniform in VARIANTS[:2]:
+        got = coupled_race_probs(probs.to(DEV), seeds.to(DEV), positions.to(DEV), cap_unit_uniform=cap,
+                                 uniform=uniform, block_size=block).cpu()
+        want = coupled_race_reference(_kernel_log(probs), seeds, positions, cap_unit_uniform=cap, uniform=uniform)
+        assert torch.equal(got, want), (got.tolist(), want.tolist())
+        assert want[3] == 50 and want[4] == 12 and want[5] == 61 and want[6] == 17
+
+
+def test_probs_screen_on_rows_of_tiny_subnormals():
+    """Rows whose every probability is a small multiple of 2**-149 (the 2**64 scaling keeps their ratios normal).
+    Unscaled ratios round to a coarse subnormal grid; that rounding is monotone, so these random rows pass even
+    without the scaling (checked), which is needed only where two near-tied ratios straddle a grid point."""
+    R, V = 192, 48
+    g = torch.Generator().manual_seed(5)
+    probs = torch.randint(1, 9, (R, V), generator=g).to(torch.float32) * 2.0**-149
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    got = coupled_race_probs(probs.to(DEV), seeds.to(DEV), positions.to(DEV), block_size=16).cpu()
+    want = coupled_race_reference(_kernel_log(probs), seeds, positions)
+    assert torch.equal(got, want), int((got != want).sum())
