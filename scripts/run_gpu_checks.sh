@@ -6,7 +6,8 @@
 # PART is one of:
 #   unit    GPU unit tests:        python -m pytest -m gpu tests/unit tests/gpu
 #   kernel  kernel GPU checks:     python scripts/gpu_kernel_checks.py --out OUTDIR
-#   bench   sampler benchmark:     python scripts/bench/bench_sampler.py --out OUTDIR   (CSV/PNG in OUTDIR)
+#   bench   sampler benchmark:     python scripts/bench/bench_sampler.py --out OUTDIR   (CSV/PNG in OUTDIR),
+#           then the verify-scheme benchmark: scripts/bench/bench_verify_schemes.py --out OUTDIR (log: bench_verify.log)
 #   e2e     end-to-end tests:      python -m pytest tests/e2e  (real sglang servers on the tiny models;
 #                                   results in OUTDIR/e2e/e2e_results.json, server logs beside it)
 # Default: all four, in that order. Each part's output goes to OUTDIR/<part>.log; the script goes on
@@ -20,7 +21,7 @@
 # built locally (sglang_detspec.tiny_models: the weighted pair by default, DETSPEC_E2E_PAIR=dummy for the other).
 set -uo pipefail
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage; exit 2; }
 case "$1" in -h|--help) usage; exit 0;; esac
 OUTDIR=$1; shift
@@ -86,7 +87,10 @@ for p in ${ONLY//,/ }; do
         echo "scripts/gpu_kernel_checks.py not found" | tee "$OUTDIR/kernel.log"; RC[kernel]=1
       fi;;
     bench)
-      run_part bench "$PY" scripts/bench/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"};;
+      run_part bench "$PY" scripts/bench/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
+      bench_rc=${RC[bench]}
+      run_part bench_verify "$PY" scripts/bench/bench_verify_schemes.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
+      RC[bench]=$(( bench_rc || RC[bench_verify] ));;
     e2e)
       mkdir -p "$OUTDIR/e2e"
       # shellcheck disable=SC2086
