@@ -23,9 +23,13 @@ row   site                                        key position           draft_s
 ====  ==========================================  =====================  ===========
 
 (N = ``speculative_num_draft_tokens``; ``batch.seq_lens`` is the pre-verify
-committed length.)  On top of upstream 0.5.23 every site also proposes the
-first argmax for greedy rows (``top_k <= 1``), which upstream only does at the
-single-layer decode sites.
+committed length.)  Under the coupled scheme (``DETSPEC_*_INVARIANT``) MTP layer
+k's proposal is instead keyed at the position of the verify row it is raced
+against, ``base + k``: base = ``batch.seq_lens`` (L) at row 4 and the verify's
+``new_seq_lens`` (L + accepted + bonus) at rows 5-7, which row 7 reads from the
+graph's ``seq_lens - N + num_accept_tokens`` buffers.  On top of upstream
+0.5.23 every site also proposes the first argmax for greedy rows
+(``top_k <= 1``), which upstream only does at the single-layer decode sites.
 
 How the sites are reached (no upstream body copied, no upstream module mutated)
 -----------------------------------------------------------------------------
@@ -93,9 +97,11 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration import proposal as _proposal
+from sglang_detspec.integration import scheme as _scheme
 from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.verify import rebound_verify
+from sglang_detspec.integration.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
@@ -185,7 +191,12 @@ class _SiteKeys:
     top_ks: Optional[torch.Tensor]
     softmax: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     num_steps: int
+    #: Coupled scheme: MTP step ``k`` is keyed at ``positions + k``, the verify row it is raced against.
+    coupled: bool = False
     calls: int = 0
+
+    def step_positions(self, step: int) -> torch.Tensor:
+        return self.positions + step if self.coupled else self.positions
 
 
 _DRAFT_SITE: Site[_SiteKeys] = Site("draft")
@@ -217,7 +228,7 @@ def _seeded_sample_draft_proposal(
         return probs, empty, empty.to(torch.int64)
     seed = require_seed(keys.sampling_seed, f"multi-layer {keys.site}")
     topk_p, topk_index = _proposal.seeded_draft_proposal(
-        probs, seed, keys.positions, step, top_ks=keys.top_ks
+        probs, seed, keys.step_positions(step), step, top_ks=keys.top_ks
     )
     # The verify's accept test coin*q(X) < p(X) needs X drawn from exactly the
     # q it receives: hand back the probs tensor that was sampled.
@@ -256,6 +267,7 @@ def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
         top_ks=getattr(sampling_info, "top_ks", None),
         softmax=softmax,
         num_steps=worker.speculative_num_steps,
+        coupled=_scheme.current() == _scheme.COUPLED,
     )
 
 
@@ -315,10 +327,24 @@ class DetspecSingleCGStepRunner(MultiLayerEagleDraftExtendCudaGraphRunner):
         ret.topk_p, ret.topk_index = _proposal.seeded_draft_proposal(
             probs,
             keys.sampling_seed[:bs],
-            buffers.seq_lens[:bs],
+            self._key_positions(bs),
             self.step,
             top_ks=keys.top_ks[:bs],
         )
+
+    def _key_positions(self, bs: int) -> torch.Tensor:
+        """Row 7's key positions, read from the graph's buffers at replay.
+
+        Rejection: ``buffers.seq_lens`` (= L + N, 0.5.23's key).  Coupled: the
+        next verify's row ``step``, ``L + accept_lens + step``; ``seq_lens``
+        holds L + N and ``num_accept_tokens`` the accepted count with the bonus
+        token (what ``_draft_extend_for_decode`` stashes for ``prepare()``).
+        """
+        buffers = self.buffers
+        if _scheme.current() != _scheme.COUPLED:
+            return buffers.seq_lens[:bs]
+        accepted = buffers.num_accept_tokens[:bs].to(buffers.seq_lens.dtype)
+        return buffers.seq_lens[:bs] - self.speculative_num_draft_tokens + accepted + self.step
 
 
 class DetspecOneGraphDraftExtendRunner(
@@ -382,7 +408,8 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
 
     def _draft_extend_for_prefill(self, batch, *args, **kwargs):
         # Row 4: key position = L (batch.seq_lens, what 0.5.23 passes as
-        # forward_batch.seq_lens), draft_step = MTP layer.
+        # forward_batch.seq_lens), draft_step = MTP layer.  Coupled: L + layer,
+        # since the first verify's seq_lens is L (the prefill's new_seq_lens).
         keys = _site_keys(self, batch, "prefill", batch.seq_lens, prefill_draft_softmax)
         with _active_site(keys):
             return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_prefill")(
@@ -395,12 +422,29 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
         # single-CG runner stages into buffers.seq_lens).  Computed from the
         # batch before the upstream body runs: that mutation stays on the
         # forward batch.
-        positions = batch.seq_lens + self.speculative_num_draft_tokens
+        if _scheme.current() == _scheme.COUPLED:
+            # Coupled: MTP layer k's proposal is raced against row k of the
+            # next verify, keyed at that verify's seq_lens + k; its seq_lens is
+            # this verify's new_seq_lens (L + accepted + bonus, on the device).
+            positions = _coupled_decode_base(batch_result)
+        else:
+            positions = batch.seq_lens + self.speculative_num_draft_tokens
         keys = _site_keys(self, batch, "decode", positions, decode_draft_softmax)
         with _active_site(keys):
             return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_decode")(
                 self, batch, batch_result, *args, **kwargs
             )
+
+
+def _coupled_decode_base(batch_result) -> torch.Tensor:
+    new_seq_lens = getattr(batch_result, "new_seq_lens", None)
+    if new_seq_lens is None:
+        raise RuntimeError(
+            "DETSPEC multi-layer decode draft-extend: the verify result has no new_seq_lens, which the coupled "
+            "proposal of DETSPEC_*_INVARIANT keys every MTP layer with (sglang-detspec needs updating for this "
+            "SGLang version)"
+        )
+    return new_seq_lens
 
 
 class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
@@ -420,6 +464,13 @@ class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
             upstream_owner=MultiLayerEagleWorkerV2,
             build_rebound=[_upstream.build_all],
         )
+
+    def init_attention_backends(self):
+        # As in the single-layer worker: the target's backends exist, no CUDA graph is captured yet -- the one
+        # moment the invariant verify can switch the target's verify attention to decode order.
+        super().init_attention_backends()
+        if _scheme.current() == _scheme.COUPLED:
+            install_decode_order_verify(self.target_worker.model_runner)
 
     def verify(self, *args, **kwargs):
         # Upstream body; its target truncation is the row-local one (integration/verify.py).

@@ -456,25 +456,6 @@ def _refuse_radix_cache_with_multi_layer(server_args: Any, name: str) -> None:
     )
 
 
-def _refuse_multi_layer_for_invariant(server_args: Any, name: str) -> None:
-    """Refuse multi-layer EAGLE with the speculation-invariant algorithms (not built yet).
-
-    The coupled proposal must race the draft with the key of the verified row it will be compared with (the next
-    verify's ``seq_lens + draft_step``); the multi-layer sites key every MTP layer at ``seq_lens + N`` before the
-    accepted length is known, so they would race unrelated noise. Tokens would still be the non-speculative ones,
-    but almost no draft would be accepted; refused instead of silently slow.
-    """
-    if not name.endswith("_INVARIANT") or not compat.multi_layer_eagle_enabled(server_args):
-        return
-    raise _refuse(
-        name,
-        "--enable-multi-layer-eagle (or SGLang's multi-layer override for this model)",
-        "the coupled draft proposal is implemented for single-layer EAGLE / NEXTN / EAGLE3 drafts only",
-        f"Use a single-layer draft, or --speculative-algorithm {name[: -len('_INVARIANT')]} (reproducible per seed, "
-        "but not identical to non-speculative decoding).",
-    )
-
-
 def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str) -> None:
     # EAGLE-3 drafts declare a reduced vocabulary as ``draft_vocab_size`` (and ship a d2t map); SGLang
     # builds its hot-token map from it. Reading the configs here turns SGLang's worker-init refusal into a
@@ -513,7 +494,6 @@ def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any
     _check_resolved(server_args, name, twin)
     _refuse_chunked_prefill(server_args, name, requested_chunk)
     _refuse_radix_cache_with_multi_layer(server_args, name)
-    _refuse_multi_layer_for_invariant(server_args, name)
     compat.write_fields(
         server_args,
         "detspec.restore_name",

@@ -184,7 +184,7 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
                 [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
     ]
     specs += multi_layer_specs(models, pair, base)
-    specs += invariant_specs(models, base)
+    specs += invariant_specs(models, base, pair)
     for spec in specs:
         spec.env = {**LONG_CONTEXT_ENV, **spec.env}
     return {spec.name: spec for spec in specs}
@@ -231,14 +231,18 @@ TOKEN_ID_SAMPLER_ENV = "SGLANG_DETSPEC_TOKEN_ID_SAMPLER"
 INVARIANT_ARGS = ["--cuda-graph-max-bs-decode", "32"]
 
 
-def invariant_specs(models, base: List[str]) -> List[ServerSpec]:
+def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
     """Speculation invariance (DETSPEC_EAGLE_INVARIANT): the non-speculative reference, the invariant algorithm with
-    graphs on and off and with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
-    seed), and DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
+    graphs on and off, with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
+    seed) and on multi-layer EAGLE (the pair's MTP draft, per-step draft-extend graphs on and off), and
+    DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
     from sglang_detspec.tiny_models import ensure_second_eagle_draft
 
     draft2 = ensure_second_eagle_draft(Path(models.target).parent.parent)  # the cache root of ``models``
     invariant = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS
+    invariant_mtp = (base + multi_layer_args(models, pair)
+                     + ["--speculative-algorithm", "DETSPEC_EAGLE_INVARIANT", "--enable-deterministic-inference"]
+                     + INVARIANT_ARGS)
     return [
         ServerSpec("nonspec_token_id", base + ["--enable-deterministic-inference"] + INVARIANT_ARGS,
                    env={TOKEN_ID_SAMPLER_ENV: "1"}),
@@ -248,6 +252,8 @@ def invariant_specs(models, base: List[str]) -> List[ServerSpec]:
                    base + eagle_args(draft2, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS),
         ServerSpec("detspec_rs_control",
                    base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + INVARIANT_ARGS),
+        ServerSpec("invariant_mtp_graph", invariant_mtp),
+        ServerSpec("invariant_mtp_nograph", invariant_mtp + GRAPHS_OFF),
     ]
 
 

@@ -1,6 +1,6 @@
 """End to end: DETSPEC_EAGLE_INVARIANT emits the non-speculative server's tokens (issue 18), on the weighted tiny pair.
 
-Five servers of the same target, all ``--enable-deterministic-inference`` (``e2e_harness.invariant_specs``):
+Seven servers of the same target, all ``--enable-deterministic-inference`` (``e2e_harness.invariant_specs``):
 
 * ``nonspec_token_id`` -- no speculation, ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (its seeded sampler keyed by token id
   on the top-k / top-p path too, as a DETSPEC server's target sampler is): the reference;
@@ -8,6 +8,9 @@ Five servers of the same target, all ``--enable-deterministic-inference`` (``e2e
   32, the tiny pair's running-request cap: ``e2e_harness.INVARIANT_ARGS``) / off;
 * ``invariant_draft2`` -- DETSPEC_EAGLE_INVARIANT with a second draft (``tiny_models.ensure_second_eagle_draft``: the
   pair's EAGLE recipe under another seed), which proposes differently;
+* ``invariant_mtp_graph`` / ``invariant_mtp_nograph`` -- DETSPEC_EAGLE_INVARIANT on multi-layer EAGLE (the pair's
+  3-layer MiMo-V2-style MTP draft, ``e2e_harness.multi_layer_args``; per-step draft-extend graphs on / off): a third,
+  structurally different draft;
 * ``detspec_rs_control`` -- DETSPEC_EAGLE (seeded rejection sampling), the control: reproducible per seed, but it
   spends its randomness differently from plain sampling, so its tokens are not the reference's (0 of 768 24-token
   sequences equal, measured before the invariant algorithm existed).
@@ -20,7 +23,7 @@ Measurements, each a test that can fail:
    (``DETSPEC_INVARIANT_SEEDS``, default 1000), 32 tokens each (``ignore_eos``), 4 prompts in turn, 64 requests in
    flight per server, all servers at once, for temperature 1.0, 0.7 and temperature 1.0 with top_p 0.9. Recorded per
    server: the fraction of sequences identical to the reference's, a histogram of the first differing index and the
-   first 20 divergences in full (``invariant_sweep_<config>`` in e2e_results.json). Asserted: both invariant servers
+   first 20 divergences in full (``invariant_sweep_<config>`` in e2e_results.json). Asserted: the four invariant servers
    equal the reference in >= 99 % of the sequences (the goal is 100 %; the exact fraction is recorded), the second
    draft's server equals ``invariant_graph`` on the same basis while its per-request verify counts differ somewhere
    (otherwise the drafts would be the same and the comparison no evidence), the control equals the reference in
@@ -29,11 +32,12 @@ Measurements, each a test that can fail:
    when no module of ``sglang_detspec`` reads ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER``; its sweep still runs (the second
    draft and the control need no token-id reference) and its numbers are still recorded.
 2. Accept length (temperature 1.0 sweep, completion tokens per verify step over all requests): > 1.5 for the
-   invariant servers of both drafts; the control's is recorded beside it. A proposal raced with the wrong key is
+   invariant servers of all three drafts; the control's is recorded beside it. A proposal raced with the wrong key is
    accepted only by chance: a CPU simulation of the chain on the tiny pair's float32 reference
    (``sglang_detspec.tiny_reference``, 4 prompts x 32 tokens, T 1.0) gave 2.08 (pair's draft) and 2.32 (second
    draft) with the shared Gumbel noise, 1.14 and 1.13 with independent noise; 1.5 lies between.
-3. ``sglang-detspec check --traffic uniform,mixed --trials 12 --against <reference>`` on ``invariant_graph``: one
+3. ``sglang-detspec check --traffic uniform,mixed --trials 12 --against <reference>`` on ``invariant_graph`` and
+   ``invariant_mtp_graph``: one
    output under changing batches, and the probe alone on the reference gives the same tokens (exit 0). The control
    gets the same ``--against`` (uniform, 2 trials), which must fail: it shows the comparison can fail.
 """
@@ -61,7 +65,9 @@ register_cuda_ci(est_time=420, suite="detspec-e2e")
 _SKIP = h.e2e_skip_reason()
 
 REFERENCE = "nonspec_token_id"
-INVARIANT = ("invariant_graph", "invariant_nograph")
+#: Multi-layer EAGLE (the pair's 3-layer MTP draft, SGLang's MultiLayerEagleWorkerV2): per-step graphs on / off.
+MULTI_LAYER = ("invariant_mtp_graph", "invariant_mtp_nograph")
+INVARIANT = ("invariant_graph", "invariant_nograph", *MULTI_LAYER)
 DRAFT2 = "invariant_draft2"
 CONTROL = "detspec_rs_control"
 SERVERS = (REFERENCE, *INVARIANT, DRAFT2, CONTROL)
@@ -98,6 +104,8 @@ MIN_ACCEPT_LENGTH = 1.5  # module docstring: ~2.1-2.3 expected, ~1.14 with the w
 MIN_DISTINCT = 0.5  # of the reference's sequences: the seeds are honoured
 CHECK_SEED = 1234
 CHECK_TRIALS = 12
+#: The invariant servers `check --against` runs on (changing batches), beside the control.
+CHECKED = ("invariant_graph", "invariant_mtp_graph")
 
 
 def _token_id_sampler_missing():
@@ -243,7 +251,8 @@ def _explain(cmp: dict) -> str:
 #: plugin's scheduler check (the worker and the DETSPEC target sampler it found).
 LOG_LINES = {
     REFERENCE: f"sglang-detspec: {h.TOKEN_ID_SAMPLER_ENV}=1: the target model runner samples with",
-    **{name: "sglang-detspec: DETSPEC_EAGLE_INVARIANT runs Detspec" for name in (*INVARIANT, DRAFT2)},
+    **{name: "sglang-detspec: DETSPEC_EAGLE_INVARIANT runs DetspecEAGLEWorkerV2" for name in (*INVARIANT, DRAFT2)},
+    **{name: "sglang-detspec: DETSPEC_EAGLE_INVARIANT runs DetspecMultiLayerEagleWorkerV2" for name in MULTI_LAYER},
     CONTROL: "sglang-detspec: DETSPEC_EAGLE runs Detspec",
 }
 
@@ -321,7 +330,7 @@ def test_invariant_accept_length_shows_accepted_drafts(sweeps):
     servers = r["summary"]["servers"]
     accept = {name: servers[name].get("accept_length") for name in (*INVARIANT, DRAFT2, CONTROL)}
     h.record("invariant_accept_length_t1.0", accept)
-    for name in ("invariant_graph", DRAFT2):
+    for name in ("invariant_graph", DRAFT2, *MULTI_LAYER):
         _server(r, name)
         assert accept[name] is not None and accept[name] > MIN_ACCEPT_LENGTH, accept
 
@@ -338,7 +347,8 @@ def checks(e2e_pool):
     ref = e2e_pool.ready(REFERENCE)
     out = h.out_dir() / "checks"
     out.mkdir(exist_ok=True)
-    plan = {"invariant_graph": ("uniform,mixed", CHECK_TRIALS), CONTROL: ("uniform", 2)}
+    plan = {name: ("uniform,mixed", CHECK_TRIALS) for name in CHECKED}
+    plan[CONTROL] = ("uniform", 2)
     with ThreadPoolExecutor(len(plan)) as pool:
         futures = {name: pool.submit(h.run_check, e2e_pool.ready(name), traffic, out / f"invariant_{name}.json",
                                      trials=trials, seed=CHECK_SEED, extra=["--against", ref.base_url])
@@ -355,8 +365,9 @@ def checks(e2e_pool):
     return results
 
 
-def test_invariant_check_gives_one_output_under_changing_batches(checks):
-    res = checks["invariant_graph"]
+@pytest.mark.parametrize("name", CHECKED)
+def test_invariant_check_gives_one_output_under_changing_batches(checks, name):
+    res = checks[name]
     rep = res["report"]
     assert rep, f"no report (exit {res['returncode']}):\n{res['stdout']}{res['stderr']}"
     assert rep["unique_outputs"] == 1, res["stdout"]
@@ -365,8 +376,9 @@ def test_invariant_check_gives_one_output_under_changing_batches(checks):
     assert rep["seeds_check"]["passed"], rep["seeds_check"]
 
 
-def test_invariant_check_against_the_reference_passes(checks):
-    res = checks["invariant_graph"]
+@pytest.mark.parametrize("name", CHECKED)
+def test_invariant_check_against_the_reference_passes(checks, name):
+    res = checks[name]
     against = res["report"].get("against")
     assert against, f"no --against result (exit {res['returncode']}):\n{res['stdout']}{res['stderr']}"
     assert against["self_consistent"], against

@@ -226,6 +226,8 @@ def decode_inputs(seq_lens, accept_lens, info):
         ),
         next_token_ids=predict,
         accept_lens=torch.tensor(accept_lens, dtype=torch.int32),
+        # What run_eagle_verify returns (eagle_worker_common.py: new_seq_lens = batch.seq_lens + accept_lens).
+        new_seq_lens=torch.tensor(seq_lens, dtype=torch.int64) + torch.tensor(accept_lens, dtype=torch.int64),
         next_draft_input=EagleDraftInput(
             hidden_states=None, bonus_tokens=None,
             num_tokens_per_req=1, num_tokens_for_logprob_per_req=1,
@@ -279,6 +281,41 @@ class FakeBackend:
         return True
 
 
+class PerStepGraph:
+    """Narrow fake of MultiLayerEagleMultiStepDraftExtendCudaGraphRunner.
+
+    replay(step) returns the step's logits plus the in-graph top-1 (which the
+    worker must discard and re-sample with the seeded proposal).
+    """
+
+    rotates_in_graph = False
+    prune_draft_extend_logits = True
+
+    def __init__(self, logits):
+        self.logits = logits
+        self.prepared = None
+
+    def can_run_graph(self, forward_batch):
+        return True
+
+    def prepare(self, forward_batch, **kwargs):
+        bs = forward_batch.batch_size
+        self.prepared = forward_batch
+        self.raw_bs = bs
+        self.raw_num_tokens = bs * NUM_DRAFT_TOKENS
+        self.buffers = SimpleNamespace(
+            input_ids=forward_batch.input_ids.clone(),
+            extend_start_loc=forward_batch.extend_start_loc,
+            extend_seq_lens=forward_batch.extend_seq_lens,
+            select_index=torch.arange(bs) * NUM_DRAFT_TOKENS + NUM_DRAFT_TOKENS - 1,
+        )
+
+    def replay(self, step):
+        bs = self.raw_bs
+        out = SimpleNamespace(next_token_logits=self.logits[step])
+        return out, torch.full((bs, 1), 0.5), torch.full((bs, 1), 3)
+
+
 def make_single_cg_runner(monkeypatch, max_bs=8, capture_bs=(1, 2, 4, 8)):
     """The DETSPEC single-CG composite with real buffers, no capture.
 
@@ -309,7 +346,9 @@ def make_single_cg_runner(monkeypatch, max_bs=8, capture_bs=(1, 2, 4, 8)):
     runners = []
     for step in range(NUM_STEPS):
         r = object.__new__(ml.DetspecSingleCGStepRunner)
-        r.__dict__.update(step=step, model_runner=model_runner, prune_draft_extend_logits=True)
+        # What the real step runner's __init__ sets (multi_layer_eagle_draft_extend_cuda_graph_runner.py).
+        r.__dict__.update(step=step, model_runner=model_runner, prune_draft_extend_logits=True,
+                          speculative_num_draft_tokens=NUM_DRAFT_TOKENS)
         runners.append(r)
     composite.__dict__.update(
         eagle_worker=eagle_worker,
@@ -335,8 +374,11 @@ def make_single_cg_runner(monkeypatch, max_bs=8, capture_bs=(1, 2, 4, 8)):
     return composite
 
 
-def draft_extend_forward_batch(seq_lens, info):
+def draft_extend_forward_batch(seq_lens, info, accept_lens=None):
+    """The forward batch ``_draft_extend_for_decode`` hands ``prepare()``; ``accept_lens`` (with the bonus token)
+    defaults to 2 per request."""
     bs = len(seq_lens)
+    accept = torch.full((bs,), 2, dtype=torch.int32) if accept_lens is None else torch.tensor(accept_lens, dtype=torch.int32)
     n = bs * NUM_DRAFT_TOKENS
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64) + NUM_DRAFT_TOKENS
     return SimpleNamespace(
@@ -353,8 +395,8 @@ def draft_extend_forward_batch(seq_lens, info):
         kv_loc_plan=None,
         kv_loc_cols=None,
         spec_info=SimpleNamespace(
-            num_correct_drafts=torch.ones(bs, dtype=torch.int32),
-            num_accept_tokens=torch.full((bs,), 2, dtype=torch.int32),
+            num_correct_drafts=accept - 1,
+            num_accept_tokens=accept,
             hidden_states=torch.zeros(n, HIDDEN),
         ),
         sampling_info=info,

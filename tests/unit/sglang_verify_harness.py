@@ -46,6 +46,22 @@ def sglang_hash_on_cpu(monkeypatch) -> str:
     return "sglang murmur_hash32_kernel"
 
 
+def sglang_seeded_sampler(monkeypatch):
+    """SGLang's ``sampler`` module with its seeded path (``multinomial_with_seed``) runnable eagerly on CPU tensors.
+
+    Its hash runs on CPU (:func:`sglang_hash_on_cpu`) and ``@torch.compile`` is bypassed (it would build a C++
+    extension). Returns ``(sampler_module, what_hash_runs)``.
+    """
+    from sglang.srt.layers import sampler as sampler_module
+
+    what = sglang_hash_on_cpu(monkeypatch)
+    murmur = importlib.import_module("sglang.kernels.ops.sampling.murmur_hash").murmur_hash32
+    monkeypatch.setattr(sampler_module, "murmur_hash32", murmur, raising=False)  # imported by name there
+    compiled = sampler_module.multinomial_with_seed
+    monkeypatch.setattr(sampler_module, "multinomial_with_seed", getattr(compiled, "_torchdynamo_orig_callable", compiled))
+    return sampler_module, what
+
+
 def _top_k_renorm_torch(probs, top_ks):
     """What sgl-kernel's op computes (first-index tie order), in torch."""
     out = torch.zeros_like(probs)

@@ -89,11 +89,13 @@ def test_total_accept_length_of_a_non_speculative_server_is_none():
 
 
 # ---------------------------------------------------------------------------------------------------
-# The five servers, through SGLang's parser and resolution
+# The seven servers, through SGLang's parser and resolution
 # ---------------------------------------------------------------------------------------------------
 
 INVARIANT_SERVERS = ("nonspec_token_id", "invariant_graph", "invariant_nograph", "invariant_draft2",
-                     "detspec_rs_control")
+                     "detspec_rs_control", "invariant_mtp_graph", "invariant_mtp_nograph")
+MULTI_LAYER_SERVERS = ("invariant_mtp_graph", "invariant_mtp_nograph")
+GRAPHS_OFF_SERVERS = ("invariant_nograph", "invariant_mtp_nograph")
 
 
 @pytest.fixture(scope="module")
@@ -144,24 +146,27 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
     assert got["enable_deterministic_inference"] is True
     assert got["cuda_graph_max_bs_decode"] == 32  # INVARIANT_ARGS, after the common 8
     graphs_off = {"cuda_graph_backend_decode": "disabled", "cuda_graph_backend_prefill": "disabled"}
-    assert ({k: got[k] for k in graphs_off} == graphs_off) is (name == "invariant_nograph")
+    assert ({k: got[k] for k in graphs_off} == graphs_off) is (name in GRAPHS_OFF_SERVERS)
+    assert bool(compat.read_field(sa, "enable_multi_layer_eagle", False)) is (name in MULTI_LAYER_SERVERS)
     assert (spec.env.get(h.TOKEN_ID_SAMPLER_ENV) == "1") is (name == "nonspec_token_id")
     assert spec.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
     if name == "nonspec_token_id":
         assert got["speculative_algorithm"] is None and got["speculative_draft_model_path"] is None
         return
-    expected_draft = tm.ensure_second_eagle_draft(root) if name == "invariant_draft2" else models.eagle_draft
+    expected_draft = (tm.ensure_second_eagle_draft(root) if name == "invariant_draft2"
+                      else tm.ensure_mtp_draft(root, pair="weighted") if name in MULTI_LAYER_SERVERS
+                      else models.eagle_draft)
     assert Path(got["speculative_draft_model_path"]) == expected_draft
     assert got["speculative_algorithm"] == ("DETSPEC_EAGLE" if name == "detspec_rs_control" else "DETSPEC_EAGLE_INVARIANT")
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2
+    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
 
     with scheme.selected(scheme.REJECTION):  # the factory fixes the process's scheme; restored afterwards
         worker = SpeculativeAlgorithm.from_string(got["speculative_algorithm"]).create_worker(sa)
         chosen = scheme.current()
-    assert worker is DetspecEAGLEWorkerV2
+    assert worker is (DetspecMultiLayerEagleWorkerV2 if name in MULTI_LAYER_SERVERS else DetspecEAGLEWorkerV2)
     assert chosen == (scheme.REJECTION if name == "detspec_rs_control" else scheme.COUPLED)
 
 

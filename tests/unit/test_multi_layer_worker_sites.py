@@ -14,8 +14,6 @@ prefill (L, layer), decode (L + N, layer), as in sglang 0.5.23.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -27,6 +25,7 @@ from multi_layer_fakes import (  # noqa: F401  (spy, upstream_kwargs: pytest fix
     SGLANG_0523,
     VOCAB,
     NoGraph,
+    PerStepGraph,
     assert_greedy_rows_propose_argmax,
     assert_keys,
     decode_inputs,
@@ -123,41 +122,6 @@ def test_decode_eager_keys_greedy_and_verify_probs(spy, upstream_kwargs, monkeyp
         assert [kw["draft_step"] for kw in upstream_kwargs] == list(range(NUM_STEPS))
         for kw, c in zip(upstream_kwargs, spy):
             assert torch.equal(kw["positions"].to(torch.int64), c.positions)
-
-
-class PerStepGraph:
-    """Narrow fake of MultiLayerEagleMultiStepDraftExtendCudaGraphRunner.
-
-    replay(step) returns the step's logits plus the in-graph top-1 (which the
-    worker must discard and re-sample with the seeded proposal).
-    """
-
-    rotates_in_graph = False
-    prune_draft_extend_logits = True
-
-    def __init__(self, logits):
-        self.logits = logits
-        self.prepared = None
-
-    def can_run_graph(self, forward_batch):
-        return True
-
-    def prepare(self, forward_batch, **kwargs):
-        bs = forward_batch.batch_size
-        self.prepared = forward_batch
-        self.raw_bs = bs
-        self.raw_num_tokens = bs * NUM_DRAFT_TOKENS
-        self.buffers = SimpleNamespace(
-            input_ids=forward_batch.input_ids.clone(),
-            extend_start_loc=forward_batch.extend_start_loc,
-            extend_seq_lens=forward_batch.extend_seq_lens,
-            select_index=torch.arange(bs) * NUM_DRAFT_TOKENS + NUM_DRAFT_TOKENS - 1,
-        )
-
-    def replay(self, step):
-        bs = self.raw_bs
-        out = SimpleNamespace(next_token_logits=self.logits[step])
-        return out, torch.full((bs, 1), 0.5), torch.full((bs, 1), 3)
 
 
 def test_decode_per_step_graphs_resample_after_each_replay(spy, upstream_kwargs, monkeypatch):
