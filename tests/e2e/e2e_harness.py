@@ -254,6 +254,15 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
                    base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + INVARIANT_ARGS),
         ServerSpec("invariant_mtp_graph", invariant_mtp),
         ServerSpec("invariant_mtp_nograph", invariant_mtp + GRAPHS_OFF),
+        # Under memory pressure (tests/e2e/test_e2e_invariant_pressure.py): the small pool and SGLang's forced
+        # retraction of the pressure profile's servers, graphs on and off; and the same without the retraction
+        # replay, to measure whether the invariant mode needs it (its re-prefill samples with the same key).
+        ServerSpec("invariant_forced_retract_graph", invariant + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
+        ServerSpec("invariant_forced_retract_nograph", invariant + GRAPHS_OFF + PRESSURE_ARGS,
+                   env=dict(FORCED_RETRACT_ENV)),
+        ServerSpec("invariant_noreplay_forced_retract", invariant + PRESSURE_ARGS, env=dict(
+            FORCED_RETRACT_ENV, PYTHONPATH=os.pathsep.join(
+                [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
     ]
 
 

@@ -4,6 +4,7 @@ SGLang's own parser and resolution to the algorithm, worker, verify scheme, draf
 to have (a typo in a flag would otherwise cost a GPU run)."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -168,6 +169,41 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
         chosen = scheme.current()
     assert worker is (DetspecMultiLayerEagleWorkerV2 if name in MULTI_LAYER_SERVERS else DetspecEAGLEWorkerV2)
     assert chosen == (scheme.REJECTION if name == "detspec_rs_control" else scheme.COUPLED)
+
+
+#: tests/e2e/test_e2e_invariant_pressure.py's servers besides the reference: the small pool and SGLang's forced
+#: retraction; one without the retraction replay (its control on PYTHONPATH); DETSPEC_EAGLE's as the control.
+PRESSURE_SERVERS = ("invariant_forced_retract_graph", "invariant_forced_retract_nograph",
+                    "invariant_noreplay_forced_retract", "detspec_eagle_forced_retract_graph")
+
+
+def test_the_pressure_e2e_test_asks_for_these_servers_and_the_harness_has_them(models_and_specs):
+    import test_e2e_invariant_pressure as e2e
+
+    _, _, specs = models_and_specs
+    assert set(e2e.SERVERS) == {"nonspec_token_id", *PRESSURE_SERVERS}
+    assert {m.args[0] for m in e2e.pytestmark if m.name == "e2e_server"} == set(e2e.SERVERS)
+    assert set(e2e.SERVERS) <= set(specs)
+
+
+@pytest.mark.parametrize("name", PRESSURE_SERVERS)
+def test_invariant_pressure_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
+    from sglang_detspec.integration import compat
+
+    _, models, specs = models_and_specs
+    spec = specs[name]
+    sa = _resolve(spec, monkeypatch)
+    assert compat.read_field(sa, "speculative_algorithm", None) == (
+        "DETSPEC_EAGLE" if name.startswith("detspec_") else "DETSPEC_EAGLE_INVARIANT")
+    assert Path(compat.read_field(sa, "speculative_draft_model_path", None)) == models.eagle_draft
+    assert compat.read_field(sa, "enable_deterministic_inference", None) is True
+    assert compat.read_field(sa, "max_total_tokens", None) == h.PRESSURE_KV_TOKENS  # after the pair's own value
+    assert compat.read_field(sa, "enable_metrics", None) is True
+    assert {k: spec.env.get(k) for k in h.FORCED_RETRACT_ENV} == h.FORCED_RETRACT_ENV
+    graphs_off = compat.read_field(sa, "cuda_graph_backend_decode", None) == "disabled"
+    assert graphs_off is name.endswith("_nograph")
+    control_on_path = str(h.NO_REPLAY_CONTROL) in spec.env.get("PYTHONPATH", "").split(os.pathsep)
+    assert control_on_path is ("noreplay" in name)
 
 
 # ---------------------------------------------------------------------------------------------------
