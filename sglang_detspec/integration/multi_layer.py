@@ -258,7 +258,7 @@ def _active_site(keys: _SiteKeys):
         )
 
 
-def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
+def _site_keys(worker, batch, site: str, positions, softmax, *, coupled: bool) -> _SiteKeys:
     sampling_info = getattr(batch, "sampling_info", None)
     return _SiteKeys(
         site=site,
@@ -267,7 +267,7 @@ def _site_keys(worker, batch, site: str, positions, softmax) -> _SiteKeys:
         top_ks=getattr(sampling_info, "top_ks", None),
         softmax=softmax,
         num_steps=worker.speculative_num_steps,
-        coupled=_scheme.current() == _scheme.COUPLED,
+        coupled=coupled,
     )
 
 
@@ -410,7 +410,8 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
         # Row 4: key position = L (batch.seq_lens, what 0.5.23 passes as
         # forward_batch.seq_lens), draft_step = MTP layer.  Coupled: L + layer,
         # since the first verify's seq_lens is L (the prefill's new_seq_lens).
-        keys = _site_keys(self, batch, "prefill", batch.seq_lens, prefill_draft_softmax)
+        keys = _site_keys(self, batch, "prefill", batch.seq_lens, prefill_draft_softmax,
+                          coupled=_scheme.current() == _scheme.COUPLED)
         with _active_site(keys):
             return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_prefill")(
                 self, batch, *args, **kwargs
@@ -422,14 +423,15 @@ class DetspecMultiLayerEagleDraftWorker(MultiLayerEagleDraftWorker):
         # single-CG runner stages into buffers.seq_lens).  Computed from the
         # batch before the upstream body runs: that mutation stays on the
         # forward batch.
-        if _scheme.current() == _scheme.COUPLED:
+        coupled = _scheme.current() == _scheme.COUPLED
+        if coupled:
             # Coupled: MTP layer k's proposal is raced against row k of the
             # next verify, keyed at that verify's seq_lens + k; its seq_lens is
             # this verify's new_seq_lens (L + accepted + bonus, on the device).
             positions = _coupled_decode_base(batch_result)
         else:
             positions = batch.seq_lens + self.speculative_num_draft_tokens
-        keys = _site_keys(self, batch, "decode", positions, decode_draft_softmax)
+        keys = _site_keys(self, batch, "decode", positions, decode_draft_softmax, coupled=coupled)
         with _active_site(keys):
             return _upstream(MultiLayerEagleDraftWorker, "_draft_extend_for_decode")(
                 self, batch, batch_result, *args, **kwargs
