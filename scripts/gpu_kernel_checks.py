@@ -51,7 +51,8 @@ from sglang_detspec.upstream_replica import (  # noqa: E402
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
-from sglang_detspec.kernels.coupled_race import coupled_race, coupled_race_probs, gumbel_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_race import coupled_race, gumbel_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -373,7 +374,7 @@ def check_coupled_parity(total_rows: int, log) -> dict:
             return coupled_race_reference_probs(probs, sampling_seed, positions, cap_unit_uniform=True)
     g = torch.Generator(device=DEV).manual_seed(4321)
     vocabs, kinds, temps = [151936, 32000, 4099], ["dense", "topk50", "flat", "peaked", "ties"], [0.3, 1.0, 3.0]
-    rows = mism = fused_mism = divide_mism = batches = 0
+    rows = mism = fused_mism = small_launch_mism = divide_mism = batches = 0
     t0 = time.time()
     while rows < total_rows:
         V, kind, temp = vocabs[batches % 3], kinds[(batches // 3) % 5], temps[(batches // 15) % 3]
@@ -403,14 +404,18 @@ def check_coupled_parity(total_rows: int, log) -> dict:
         logprobs = torch.log(probs)
         mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap) != want).sum())
         fused_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap) != want).sum())
+        # the launch the table gives a few rows (kernels/coupled_race_probs.py LAUNCH_TABLE), on these many rows
+        small_launch_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap, block_size=1024,
+                                                     num_warps=4) != want).sum())
         divide_mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap, uniform="divide") != want).sum())
         rows, batches = rows + B, batches + 1
         if batches % 50 == 0:
             log(f"  coupled parity: {rows} rows, {mism} mismatches, {time.time() - t0:.0f}s")
         del probs, logprobs, want
     return dict(name=f"coupled race vs {against} (token-id keyed, cap={cap})", rows=rows, mismatches=mism,
-                fused_log_mismatches=fused_mism, divide_form_mismatches=divide_mism,
-                passed=mism == 0 and fused_mism == 0, seconds=round(time.time() - t0, 1))
+                fused_log_mismatches=fused_mism, fused_small_launch_mismatches=small_launch_mism,
+                divide_form_mismatches=divide_mism, passed=mism == 0 and fused_mism == 0 and small_launch_mism == 0,
+                seconds=round(time.time() - t0, 1))
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Verify-scheme benchmark: the coupled (``DETSPEC_*_INVARIANT``) kernels beside the rejection-sampling ones.
 
     python scripts/bench/bench_verify_schemes.py --out DIR [--quick] [--vocabs V ...] [--batches B ...] [--steps S]
+                                                 [--coupled-launches 1024x4,2048x8,...]
 
 Needs a CUDA GPU and SGLang 0.5.17 - 0.5.23 (its chain kernel, its seeded verify coins and, for the coupled race,
 its ``multinomial_with_seed`` clamp). For one decode step of a linear topk-1 chain with ``S`` draft steps
@@ -19,6 +20,10 @@ its ``multinomial_with_seed`` clamp). For one decode step of a linear topk-1 cha
   minimal ``sampling_info`` (what ``coupled_target_tokens`` reads: seeds, the ``need_*`` flags, ``top_ks`` /
   ``top_ps`` / ``min_ps``; temperatures for completeness).
 * ``step_total``: ``S`` proposals + 1 verify (sum of medians; peak = the larger of the two).
+* with ``--coupled-launches BLOCKxWARPS,...``: the coupled race alone
+  (:func:`~sglang_detspec.kernels.coupled_race_probs.coupled_race_probs`) on the proposal's ``[B, V]`` and the
+  verify's ``[B*(S+1), V]`` rows under each stage-1 launch, beside its default launch (``race_launch``), in
+  ``coupled_launches.csv``: what its ``LAUNCH_TABLE`` is tuned from.
 
 Row-local truncation: ``truncate_target_probs`` returns ``target_probs`` itself, launching nothing, unless a row has
 top-k, top-p or min-p (SGLang's host-side ``need_*`` flags). The benchmark's rows are plain temperature rows, so the
@@ -215,9 +220,55 @@ def rows_for(vocab: int, batch: int, steps: int, res) -> List[Dict]:
     return out
 
 
+def parse_launches(text: str) -> List[tuple]:
+    """``"1024x4,2048x8"`` -> ``[(1024, 4), (2048, 8)]``; ValueError naming the flag otherwise."""
+    launches = []
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        try:
+            block, warps = (int(v) for v in part.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--coupled-launches: {part!r} is not BLOCKxWARPS (e.g. 2048x8)") from None
+        if block < 16 or block & (block - 1) or warps < 1 or warps & (warps - 1):
+            raise ValueError(f"--coupled-launches: {part!r} needs a power-of-two block >= 16 and power-of-two warps")
+        launches.append((block, warps))
+    if not launches:
+        raise ValueError("--coupled-launches: no launch given (e.g. 1024x4,2048x8)")
+    return launches
+
+
+def measure_launches(batch: int, vocab: int, steps: int, launches, calls_per_graph: int, replays: int,
+                     device) -> List[Dict]:
+    """The coupled race alone on proposal-shaped and verify-shaped rows, under the default and each launch."""
+    from .kernels.coupled_race_probs import coupled_race_probs, race_launch
+
+    inp = make_step_inputs(batch, vocab, steps, device)
+    shapes = (("proposal", inp.draft_probs[:, 1].contiguous(), inp.seeds, inp.seq_lens + 1),
+              ("verify", inp.target_probs.reshape(-1, vocab), inp.seeds.repeat_interleave(steps + 1),
+               (inp.seq_lens.view(-1, 1) + torch.arange(steps + 1, device=device)).reshape(-1)))
+    out = []
+    for part, probs, seeds, positions in shapes:
+        default = race_launch(probs.shape[0], vocab)
+        want = coupled_race_probs(probs, seeds, positions)
+        base = None
+        for block, warps in [default, *[x for x in launches if x != default]]:
+
+            def race(pr, se, po, block=block, warps=warps):
+                return coupled_race_probs(pr, se, po, block_size=block, num_warps=warps)
+
+            if not torch.equal(race(probs, seeds, positions), want):  # every launch is the same exact race
+                raise RuntimeError(f"coupled race launch {block}x{warps} gave other tokens than {default} "
+                                   f"(B={batch}, V={vocab}, {part}): a kernel bug, report it")
+            t = _timed(race, (probs, seeds, positions), calls_per_graph, replays)
+            base = base or t["median"]
+            out.append(dict(vocab=vocab, batch=batch, part=part, rows=probs.shape[0], block=block, warps=warps,
+                            default=(block, warps) == default, median_us=round(t["median"], 3),
+                            p90_us=round(t["p90"], 3), vs_default=round(t["median"] / base, 4)))
+    return out
+
+
 def run(out_dir: Path, quick: bool = False, vocabs: Optional[Sequence[int]] = None,
         batches: Optional[Sequence[int]] = None, steps: int = STEPS, calls_per_graph: int = 10,
-        replays: Optional[int] = None, log=print) -> List[Dict]:
+        replays: Optional[int] = None, coupled_launches: Optional[Sequence[tuple]] = None, log=print) -> List[Dict]:
     if not torch.cuda.is_available():
         raise RuntimeError("the verify-scheme benchmark needs a CUDA GPU")
     if steps < 1:
@@ -235,8 +286,15 @@ def run(out_dir: Path, quick: bool = False, vocabs: Optional[Sequence[int]] = No
     log(f"{'V':>7} {'B':>4} {'part':<10} {'rejection_us':>12} {'coupled_us':>10} {'x':>6} "
         f"{'rejMiB':>8} {'cplMiB':>8} {'accepted rej/cpl':>16}")
     rows: List[Dict] = []
+    launch_rows: List[Dict] = []
     for vocab in vocabs:
         for batch in batches:
+            if coupled_launches:
+                for lr in measure_launches(batch, vocab, steps, coupled_launches, calls_per_graph, replays, device):
+                    launch_rows.append(lr)
+                    log(f"{vocab:>7} {batch:>4} coupled race {lr['part']:<8} rows {lr['rows']:>5} launch "
+                        f"{lr['block']}x{lr['warps']}{' (default)' if lr['default'] else ''}: "
+                        f"{lr['median_us']:.2f} us, x{lr['vs_default']:.3f} of the default")
             res = measure(batch, vocab, steps, chain_kernel, seeded_verify_coins, calls_per_graph, replays, device)
             for row in rows_for(vocab, batch, steps, res):
                 rows.append(row)
@@ -262,7 +320,13 @@ def run(out_dir: Path, quick: bool = False, vocabs: Optional[Sequence[int]] = No
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    (out_dir / "verify_schemes_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    if launch_rows:
+        with open(out_dir / "coupled_launches.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(launch_rows[0].keys()))
+            w.writeheader()
+            w.writerows(launch_rows)
+    (out_dir / "verify_schemes_bench.json").write_text(
+        json.dumps(dict(meta=meta, rows=rows, coupled_launches=launch_rows), indent=1))
     log(f"wrote {csv_path} and verify_schemes_bench.json")
     return rows
 
@@ -276,14 +340,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS, help="draft steps S (S + 1 verify rows)")
     ap.add_argument("--calls-per-graph", type=int, default=10)
     ap.add_argument("--replays", type=int, default=None)
+    ap.add_argument("--coupled-launches", default=None, metavar="BLOCKxWARPS,...",
+                    help="also time the coupled race alone under these stage-1 launches, e.g. 1024x4,2048x8,4096x16")
     args = ap.parse_args(argv)
+    try:
+        launches = parse_launches(args.coupled_launches) if args.coupled_launches is not None else None
+    except ValueError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("bench_verify_schemes: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
               "(run scripts/run_gpu_checks.sh on a GPU machine)", file=sys.stderr)
         return 2
     try:
         run(args.out, quick=args.quick, vocabs=args.vocabs, batches=args.batches, steps=args.steps,
-            calls_per_graph=args.calls_per_graph, replays=args.replays)
+            calls_per_graph=args.calls_per_graph, replays=args.replays, coupled_launches=launches)
     except SGLangMissing as e:
         print(f"bench_verify_schemes: {e}", file=sys.stderr)
         return 2

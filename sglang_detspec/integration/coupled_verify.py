@@ -83,7 +83,7 @@ def coupled_target_tokens(sampling_info: Any, target_probs: torch.Tensor, positi
     seeds = torch.repeat_interleave(sampling_info.sampling_seed.reshape(-1)[:bs].to(torch.int64), rows)
     cap = compat.seeded_race_caps_unit_uniform()
     if flat.is_cuda:
-        from sglang_detspec.kernels.coupled_race import coupled_race_probs
+        from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs
 
         tokens = coupled_race_probs(flat, seeds, positions.reshape(-1), cap_unit_uniform=cap)
     else:

@@ -124,7 +124,7 @@ def coupled_draft_proposal(
         pos = pos.to(torch.int64)
     cap = compat.seeded_race_caps_unit_uniform()
     if probs.is_cuda:
-        from sglang_detspec.kernels.coupled_race import coupled_race_probs
+        from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs
 
         tokens = coupled_race_probs(q32, seeds, pos, cap_unit_uniform=cap)  # log q taken in the kernel
     else:

@@ -6,9 +6,9 @@ release / device variants (``cap_unit_uniform``, ``uniform``) and the input (flo
 probabilities SGLang's sampler races) are in :mod:`sglang_detspec.coupled_reference`, whose
 :func:`~sglang_detspec.coupled_reference.coupled_race_reference` is the CPU twin.  Upstream materialises
 ``[R, V]`` uint32 hashes and float64 scores (12 bytes per element); this kernel reads ``logprobs`` once and
-allocates ``O(R * V / BLOCK)`` bytes (:func:`coupled_race_probs` reads the probabilities instead and takes the
-log itself, with a cheaper screen, below).  The speculation-invariant verify and proposal (issue 18) are this race
-on the target's and on the draft's probabilities with the same keys (:func:`coupled_verify` below).
+allocates ``O(R * V / BLOCK)`` bytes.  The speculation-invariant verify and proposal (issue 18) run this race on
+the target's and on the draft's probabilities with the same keys, taking the log inside the kernel with a cheaper
+screen (the ratio screen below): :mod:`.coupled_race_probs`, which shares this file's exact scoring.
 
 Design (the idea of ``seeded_draft_sample.py``: a float32 screen, exact float64 only where it can matter)
 ------------------------------------------------------------------------------------------------------
@@ -24,7 +24,7 @@ Stage 1, grid ``(R, cdiv(V, BLOCK))``, one BLOCK-column chunk per program:
   * a chunk whose scores are all ``-inf`` (every token truncated) reports ``(-inf, first index)``, exactly.
 Stage 2, grid ``(R,)``: first NaN, else the first index of the maximum over the chunks' ``(float64, index)``.
 
-:func:`coupled_race_probs` (what the verify and the proposal run) reads ``p`` and screens with the ratio
+:mod:`.coupled_race_probs` (what the verify and the proposal run) reads ``p`` and screens with the ratio
 ``r = (p * 2**64) / E32`` (``E32`` = :func:`exponential_f32`, ``argmax(log p + g) = argmax(p / E)``): one ``log``
 per token instead of three (``log p``, ``log E``, and ``log u`` inside ``E``).  ``p * 2**64`` is exact and lifts
 subnormal ``p`` into the normal range, so every ratio of a probability is normal (``p <= 2**16`` is required, larger
@@ -54,16 +54,17 @@ CUDA graphs: capturable.  ``seeds`` and ``positions`` are read from device memor
 them in place); the shapes, ``cap_unit_uniform``, ``uniform`` and ``block_size`` are baked into the capture.
 No host synchronisation and no value-dependent host branching (validation reads shapes and dtypes only);
 each call allocates the ``[R]`` output and ``[R, cdiv(V, BLOCK)]`` float64 + int32 partials (from the
-graph's private pool under capture).  :func:`coupled_race_probs` reads the probabilities and takes the float32
+graph's private pool under capture).  :mod:`.coupled_race_probs` reads the probabilities and takes the float32
 ``log`` itself, so neither the verify nor the proposal writes an ``[R, V]`` log-probability temporary (a separate
 ``torch.log`` pass cost 148 us of 488 us and 297 MiB at R = 512, V = 151936 on the H200); that is exact because
 the kernel's ``tl.log`` equals CUDA torch's ``log`` on every non-negative float32 there (measured by
-``scripts/gpu_kernel_checks.py``).  :func:`coupled_verify` adds a few ``[B, S+1]`` torch ops.
+``scripts/gpu_kernel_checks.py``).  Its helpers below (``_load_logprob``, ``_exact_chunk``, ``_rescore``) take
+``FROM_PROBS`` for that reason.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import triton
@@ -72,9 +73,7 @@ import triton.language as tl
 from ..coupled_reference import (
     LOG_U_CAP,
     UMAX,
-    accept_and_emit,
     check_coupled_race_inputs,
-    check_verify_inputs,
     resolve_uniform,
 )
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
@@ -82,7 +81,7 @@ from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_voc
 # The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
 from .seeded_draft_sample import _fmix32, _mix32
 
-__all__ = ["coupled_race", "coupled_race_probs", "coupled_verify", "gumbel_f32", "DEFAULT_BLOCK"]
+__all__ = ["coupled_race", "exponential_f32", "gumbel_f32", "DEFAULT_BLOCK"]
 
 #: Columns per stage-1 program on a GPU (tests raise or lower it through ``block_size``).
 DEFAULT_BLOCK = 2048
@@ -205,7 +204,7 @@ def _rescore(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr,
 @triton.jit
 def _race_stage1(
     lp_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
-    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr, FROM_PROBS: tl.constexpr,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -217,41 +216,18 @@ def _race_stage1(
     h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
-    if FROM_PROBS:
-        # Ratio screen: argmax(log p + g) = argmax(p / E), one log per token (E's) instead of three.
-        p = tl.load(row_ptr + offs, mask=valid, other=0.0)
-        # NaN, negative (log NaN) and +inf or non-probability values (the scaled ratio could overflow): exact
-        special = valid & ((p != p) | (p < 0.0) | (p > _P_SCREEN_MAX))
-        if not CAP:
-            special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at p = 0)
-        if tl.sum(special.to(tl.int32), 0) > 0:
-            res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
-        else:
-            # p * 2**64 is exact and lifts subnormal p into the normal range, so every ratio is normal or 0; h = 0
-            # (g = -709.78) can only beat zero-probability tokens: ratio 0 here, settled exactly below.
-            r = tl.where(valid & (h != 0), (p * _TWO_P64) / exponential_f32(h), 0.0)
-            m = tl.max(r, 0)
-            if m > 0.0:
-                s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
-                neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - _ABS_MARGIN - _RATIO_SLACK
-                cand = r >= m * tl.exp(neg_delta)
-                res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, FROM_PROBS)
-            elif tl.sum((valid & (p > 0.0)).to(tl.int32), 0) > 0:
-                res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
-            # else every probability is 0: every score is exactly -inf, and (-inf, lo) is the chunk's argmax
+    lp = _load_logprob(row_ptr + offs, valid, False)
+    special = valid & ((lp != lp) | (lp == float("inf")))
+    if not CAP:
+        special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
+    if tl.sum(special.to(tl.int32), 0) > 0:
+        res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, False)
     else:
-        lp = _load_logprob(row_ptr + offs, valid, FROM_PROBS)
-        special = valid & ((lp != lp) | (lp == float("inf")))
-        if not CAP:
-            special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
-        if tl.sum(special.to(tl.int32), 0) > 0:
-            res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, FROM_PROBS)
-        else:
-            s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
-            m = tl.max(s, 0)
-            if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
-                cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
-                res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, FROM_PROBS)
+        s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
+        m = tl.max(s, 0)
+        if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
+            cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
+            res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, False)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 
@@ -316,71 +292,23 @@ def coupled_race(
     Same answer as the reference on every input, degenerate rows included: an all ``-inf`` row returns token
     0, a NaN the first NaN, ``+inf`` the first ``+inf`` (or a NaN before it).  CUDA-graph caveats: module docstring.
     """
-    return _race(logprobs, seeds, positions, False, "logprobs", cap_unit_uniform, uniform, block_size, num_warps)
-
-
-def coupled_race_probs(
-    probs: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    *,
-    cap_unit_uniform: bool = True,
-    uniform: Optional[str] = None,
-    block_size: Optional[int] = None,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """:func:`coupled_race` of ``torch.log(probs)``, with the log taken in the kernel: no ``[R, V]`` temporary, and
-    the cheaper ratio screen (module docstring). What the invariant verify and proposal run.
-
-    ``probs`` is ``[R, V]`` float32 (rows contiguous in the vocab dimension, a strided row view is read in
-    place); the other arguments are :func:`coupled_race`'s. Exact where the kernel's float32 ``log`` is CUDA
-    torch's, which ``scripts/gpu_kernel_checks.py --only coupled`` measures over every non-negative float32 (on
-    the H200: equal on all of them). Under the Triton interpreter (CPU tests) the kernel's ``log`` is numpy's,
-    which differs from CPU torch's in the last bit for a few percent of inputs: the CPU twin is then
-    :func:`~sglang_detspec.coupled_reference.coupled_race_reference` of ``numpy.log(probs)``.
-    """
-    return _race(probs, seeds, positions, True, "probs", cap_unit_uniform, uniform, block_size, num_warps)
-
-
-def _race(rows, seeds, positions, from_probs, name, cap_unit_uniform, uniform, block_size, num_warps):
-    check_coupled_race_inputs(rows, seeds, positions, uniform, float32_only=True)
-    require_vocab_contiguous(name, rows)
-    require_cuda_or_interpreter(rows, "sglang_detspec.coupled_reference.coupled_race_reference")
-    R, V = rows.shape
-    out = torch.empty(R, dtype=torch.int64, device=rows.device)
+    check_coupled_race_inputs(logprobs, seeds, positions, uniform, float32_only=True)
+    require_vocab_contiguous("logprobs", logprobs)
+    require_cuda_or_interpreter(logprobs, "sglang_detspec.coupled_reference.coupled_race_reference")
+    R, V = logprobs.shape
+    out = torch.empty(R, dtype=torch.int64, device=logprobs.device)
     if R == 0:
         return out
     block = _block_for(V, block_size)
     nc = triton.cdiv(V, block)
-    part_score = torch.empty((R, nc), dtype=torch.float64, device=rows.device)
-    part_idx = torch.empty((R, nc), dtype=torch.int32, device=rows.device)
-    recip = resolve_uniform(uniform, rows.device) == "reciprocal"
+    part_score = torch.empty((R, nc), dtype=torch.float64, device=logprobs.device)
+    part_idx = torch.empty((R, nc), dtype=torch.int32, device=logprobs.device)
+    recip = resolve_uniform(uniform, logprobs.device) == "reciprocal"
     seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
     _race_stage1[(R, nc)](
-        rows, rows.stride(0), seeds, positions, part_score, part_idx, V, nc,
-        CAP=bool(cap_unit_uniform), RECIP=recip, BLOCK=block, FROM_PROBS=bool(from_probs), num_warps=int(num_warps),
+        logprobs, logprobs.stride(0), seeds, positions, part_score, part_idx, V, nc,
+        CAP=bool(cap_unit_uniform), RECIP=recip, BLOCK=block, num_warps=int(num_warps),
     )
     _race_stage2[(R,)](part_score, part_idx, out, nc, CB=min(1024, max(16, triton.next_power_of_2(nc))), num_warps=4)
     return out
 
-
-def coupled_verify(
-    target_probs: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    **race_options,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The coupled verify on the kernel: ``(accepted_len int64 [B], emitted int64 [B, S+1])``.
-
-    Same contract as :func:`sglang_detspec.coupled_reference.coupled_verify_reference` (``target_probs``
-    ``[B, S+1, V]`` float32, ``draft_tokens`` ``[B, S]``, ``seeds`` ``[B]``, ``positions`` ``[B, S+1]``);
-    ``race_options`` go to :func:`coupled_race`.  Emitted entries past ``accepted_len + 1`` are -1.
-    """
-    check_verify_inputs(target_probs, draft_tokens, seeds, positions)
-    B, S1, V = target_probs.shape
-    # log(target_probs), the torch op SGLang's sampling_from_probs_torch runs, is taken inside the kernel
-    target = coupled_race_probs(
-        target_probs.reshape(B * S1, V), seeds.repeat_interleave(S1), positions.reshape(-1), **race_options
-    )
-    return accept_and_emit(target.view(B, S1), draft_tokens)

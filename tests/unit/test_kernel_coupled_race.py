@@ -18,7 +18,8 @@ from sglang_detspec.coupled_reference import (
     coupled_verify_reference,
     position_with_hash,
 )
-from sglang_detspec.kernels.coupled_race import coupled_race, coupled_race_probs, coupled_verify
+from sglang_detspec.kernels.coupled_race import coupled_race
+from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, coupled_verify
 from sglang_detspec.reference import murmur3_unsalted_hash
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -74,6 +75,8 @@ def _check(logprobs, seeds, positions, cap, uniform, block=None):
         (3, 513, "flat", 32),  # every logprob equal: only the noise decides
         (2, 1, "dense", None),  # V = 1
         (3, 17, "dense", 16),  # the smallest block, two chunks
+        (4, 256, "dense", 64),  # V a multiple of the block: no chunk masks its loads
+        (3, 512, "truncated", 128),
     ],
 )
 def test_kernel_matches_reference_over_shapes(R, V, kind, block):
@@ -253,3 +256,46 @@ def test_probs_screen_on_rows_of_tiny_subnormals():
     got = coupled_race_probs(probs.to(DEV), seeds.to(DEV), positions.to(DEV), block_size=16).cpu()
     want = coupled_race_reference(_kernel_log(probs), seeds, positions)
     assert torch.equal(got, want), int((got != want).sum())
+
+
+def test_probs_rescans_in_chunk_order_beside_lone_candidates():
+    """coupled_race_probs' stage 2 (kernels/coupled_race_probs.py): rows mixing lone-candidate chunks with chunks
+    it rescans exactly -- +inf before a later NaN (the NaN wins), a negative probability after a +inf (log NaN:
+    it wins), +inf in two chunks (the first), a value above the screen's 2**16 limit beside ordinary chunks, and
+    a hash-0 token alone in its chunk beside live chunks (its ratio 0 never wins)."""
+    V, block, R = 256, 32, 6
+    g = torch.Generator().manual_seed(77)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    probs = torch.softmax(torch.randn(R, V, generator=g) * 2, -1)
+    probs[0, 10], probs[0, 150] = float("inf"), float("nan")
+    probs[1, 40], probs[1, 200] = float("inf"), -0.25
+    probs[2, 70], probs[2, 230] = float("inf"), float("inf")
+    probs[3, 100] = 2.0**20
+    positions[4] = position_with_hash(int(seeds[4]), 129, 0)
+    probs[4, 128:160] = 0.0
+    probs[4, 129] = 0.5  # chunk 4 holds only a hash-0 token: every ratio there is 0
+    probs[5, 64:] = 0.0  # chunks 2..7 all zero: (-inf, first index) partials beside two live chunks
+    for cap, uniform in VARIANTS[:2]:
+        got = coupled_race_probs(probs.to(DEV), seeds.to(DEV), positions.to(DEV), cap_unit_uniform=cap,
+                                 uniform=uniform, block_size=block).cpu()
+        want = coupled_race_reference(_kernel_log(probs), seeds, positions, cap_unit_uniform=cap, uniform=uniform)
+        assert torch.equal(got, want), (got.tolist(), want.tolist())
+        assert want[:3].tolist() == [150, 200, 70] and want[3] == 100 and want[4] != 129 and want[5] < 64
+
+
+@pytest.mark.parametrize("launch,match", [(dict(block_size=48), "power of two >= 16"),
+                                          (dict(num_warps=3), "num_warps must be a power of two")])
+def test_probs_race_refuses_a_bad_launch(launch, match):
+    probs = torch.softmax(torch.randn(2, 64), -1)
+    with pytest.raises(ValueError, match=match):
+        coupled_race_probs(probs.to(DEV), torch.tensor([1, 2], device=DEV), torch.tensor([3, 4], device=DEV), **launch)
+
+
+def test_probs_launch_table_keeps_eight_columns_per_thread():
+    """The launch table's reason (its comment): 8 columns per thread at every size, narrow programs when small."""
+    from sglang_detspec.kernels.coupled_race_probs import LAUNCH_TABLE
+
+    bounds = [bound for bound, _ in LAUNCH_TABLE]
+    assert bounds == sorted(bounds) and bounds[-1] == float("inf")
+    assert all(block == 8 * 32 * warps for _, (block, warps) in LAUNCH_TABLE)

@@ -148,9 +148,29 @@ def test_imports_without_sglang_and_names_what_to_install():
     assert "MISSING:" in proc.stdout and "pip install 'sglang>=0.5.17,<0.5.24'" in proc.stdout, proc.stdout
 
 
+def test_coupled_launches_parse_and_refuse_with_the_flag():
+    assert bench.parse_launches("1024x4, 2048X8,") == [(1024, 4), (2048, 8)]
+    for bad, match in (("2048", "not BLOCKxWARPS"), ("1000x4", "power-of-two block"), ("1024x3", "power-of-two"),
+                       ("", "no launch given")):
+        with pytest.raises(ValueError, match=f"--coupled-launches.*{match}"):
+            bench.parse_launches(bad)
+
+
+def test_cli_refuses_a_bad_launch_before_any_gpu_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--out", str(tmp_path), "--coupled-launches", "64x5"])
+    assert e.value.code == 2 and "--coupled-launches: '64x5'" in capsys.readouterr().err
+
+
 @pytest.mark.gpu  # tests/conftest.py skips it without a GPU, with its GPU_SKIP_REASON
 def test_benchmark_smoke_on_the_gpu(tmp_path):
-    rows = bench.run(tmp_path, vocabs=[4096], batches=[2], steps=S, calls_per_graph=2, replays=3, log=lambda *a: None)
+    rows = bench.run(tmp_path, vocabs=[4096], batches=[2], steps=S, calls_per_graph=2, replays=3,
+                     coupled_launches=[(256, 2), (1024, 4)], log=lambda *a: None)
     assert [r["part"] for r in rows] == ["proposal", "verify", "step_total"]
     assert all(r["rejection_us"] > 0 and r["coupled_us"] > 0 for r in rows)
     assert (tmp_path / "verify_schemes_bench.csv").exists() and (tmp_path / "verify_schemes_bench.json").exists()
+    import csv
+
+    launches = list(csv.DictReader(open(tmp_path / "coupled_launches.csv")))
+    assert {(r["part"], r["block"], r["warps"]) for r in launches} >= {("verify", "256", "2"), ("proposal", "1024", "4")}
+    assert sum(r["default"] == "True" for r in launches) == 2  # one default launch per part

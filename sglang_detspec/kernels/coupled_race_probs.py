@@ -1,0 +1,256 @@
+"""Coupled race on probabilities: what the speculation-invariant verify and proposal run (issue 18).
+
+Same answer, bit for bit, as :func:`~sglang_detspec.kernels.coupled_race.coupled_race` of ``torch.log(probs)``
+(SGLang's non-speculative seeded race keyed by token id; definition in :mod:`sglang_detspec.coupled_reference`),
+with the log taken inside the kernel: no ``[R, V]`` temporary.  The float32 ratio screen and its exactness bound
+are :mod:`.coupled_race`'s (module docstring there: ``r = (p * 2**64) / E32``, candidates ``r >= m * exp(-delta)``).
+
+Layout: the two stages of ``seeded_draft_sample.py``, whose H200 tuning found what a program's tail costs
+---------------------------------------------------------------------------------------------------------
+Stage 1, grid ``(R, cdiv(V, BLOCK))``: float32 only, except near ties.
+  * a chunk with one candidate (nearly every chunk) hands it to stage 2 unscored (:data:`_LONE` code), instead of
+    every program paying two serial float64 ``log`` at its tail;
+  * near ties (several candidates, rare) are re-scored exactly here, in increasing index order;
+  * chunks the screen cannot judge -- a NaN, negative or above-``2**16`` probability, or (0.5.17, no cap) a hash
+    of ``2**32 - 1`` (Gumbel ``+inf``) -- and chunks whose positive probabilities all sit on hash 0 (every ratio
+    0) are rescanned exactly in stage 2 (:data:`_RESCAN`; rare), so the float64 chunk code stays out of stage 1's
+    registers;
+  * a chunk of zero probabilities only (every score ``-inf``) reports ``(-inf, first index)``, exactly;
+  * only a row's last chunk masks its loads.
+Stage 2, grid ``(R,)``: the exact scores of every lone candidate of the row at once, then the rescans in chunk
+order, then the first NaN, else the first index of the maximum.
+
+CUDA graphs: capturable, as :mod:`.coupled_race` (seeds and positions read from device memory at replay; shapes,
+``cap_unit_uniform``, ``uniform`` and the launch baked into the capture; no host synchronisation; the ``[R]``
+output and ``[R, cdiv(V, BLOCK)]`` float64 + int32 partials are allocated per call, from the graph's pool under
+capture).  Exact where the kernel's float32 ``log`` equals CUDA torch's ``torch.log``, which
+``scripts/gpu_kernel_checks.py --only coupled`` measures over every non-negative float32 (equal on the H200).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..coupled_reference import accept_and_emit, check_coupled_race_inputs, check_verify_inputs, resolve_uniform
+from .coupled_race import (
+    _ABS_MARGIN,
+    _INT_MAX,
+    _LN_TWO_P64,
+    _NEG_REL_MARGIN,
+    _P_SCREEN_MAX,
+    _RATIO_SLACK,
+    _TWO_P64,
+    _exact_chunk,
+    _exact_score_of,
+    _rescore,
+    _row_prefix,
+    exponential_f32,
+)
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .seeded_draft_sample import _fmix32, _mix32
+
+__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "LAUNCH_TABLE"]
+
+#: stage-1 partial index codes below 0 (an index >= 0 comes with its exact float64 score)
+_RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
+_LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
+
+#: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Eight columns
+#: per thread: ptxas (sm_90a) gives stage 1 45-56 registers there, 96-112 at 16 columns and 183-241 at 32, and
+#: the per-chunk kernel this replaces used 141 at 16 (three resident programs of four warps per SM).  Small
+#: launches take narrow programs to fill the GPU (the split of seeded_draft_sample's H200-tuned LAUNCH_TABLE).
+#: Not yet timed for this kernel: scripts/bench/bench_verify_schemes.py --coupled-launches compares launches.
+LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((2.83, (1024, 4)), (float("inf"), (2048, 8)))
+
+
+def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
+                num_warps: Optional[int] = None) -> Tuple[int, int]:
+    """``(columns, warps)`` per stage-1 program for ``rows`` rows of ``vocab`` tokens: :data:`LAUNCH_TABLE`'s, or
+    ``block_size`` (a power of two >= 16) / ``num_warps`` where given; the interpreter, which runs few wide
+    programs much faster, goes wider."""
+    size = rows * vocab / 163840
+    block, warps = next(launch for bound, launch in LAUNCH_TABLE if size <= bound)
+    if INTERPRETED:
+        block = max(1024, min(8192, triton.next_power_of_2(vocab)))
+    if block_size is not None:
+        block = int(block_size)
+    if num_warps is not None:
+        warps = int(num_warps)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    if warps < 1 or warps & (warps - 1):
+        raise ValueError(f"num_warps must be a power of two >= 1, got {warps}")
+    return block, warps
+
+
+@triton.jit
+def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr, MASKED: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """One chunk's stage-2 partial ``(float64 score, index or code)`` from the ratio screen."""
+    offs = lo + tl.arange(0, BLOCK)
+    if MASKED:
+        valid = offs < V
+        p = tl.load(row_ptr + offs, mask=valid, other=0.0)
+    else:
+        p = tl.load(row_ptr + offs)
+    h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
+    # not (0 <= p <= 2**16) is NaN, negative (log NaN), +inf or not a probability: the screen cannot judge it
+    unjudged = ~((p >= 0.0) & (p <= _P_SCREEN_MAX))
+    if not CAP:
+        if MASKED:
+            unjudged = unjudged | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at p = 0)
+        else:
+            unjudged = unjudged | (h == 0xFFFFFFFF)
+    # masked lanes read p = 0: ratio 0, like a zero probability; h = 0 (g = -709.78) gets ratio 0, settled below
+    r = tl.where(h != 0, (p * _TWO_P64) / exponential_f32(h), 0.0)
+    m = tl.max(r, 0)
+    res_score = tl.full([], float("-inf"), tl.float64)
+    res_idx = lo
+    if tl.sum(unjudged.to(tl.int32), 0) > 0:
+        res_idx = _RESCAN
+    elif m > 0.0:
+        s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
+        neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - _ABS_MARGIN - _RATIO_SLACK
+        cand = r >= m * tl.exp(neg_delta)
+        if tl.sum(cand.to(tl.int32), 0) == 1:
+            res_idx = _LONE - tl.min(tl.where(cand, offs, _INT_MAX), 0)
+        else:
+            res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, True)
+    elif tl.max(p, 0) > 0.0:
+        # positive probabilities whose ratios are all 0: each sits on hash 0, whose exact score is finite
+        res_idx = _RESCAN
+    # else every probability is (+-)0: every score is exactly -inf, and (-inf, lo) is the chunk's argmax
+    return res_score, res_idx
+
+
+@triton.jit
+def _probs_stage1(
+    probs_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    row_ptr = probs_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    lo = c * BLOCK
+    if lo + BLOCK <= V:  # only the last chunk of a row is partial: the others skip the masks
+        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK)
+    else:
+        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, True, BLOCK)
+    tl.store(part_score_ptr + row * NC + c, res_score)
+    tl.store(part_idx_ptr + row * NC + c, res_idx)
+
+
+@triton.jit
+def _probs_stage2(
+    probs_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, out_ptr, V, NC,
+    CAP: tl.constexpr, RECIP: tl.constexpr, NC_POW2: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program per row: exact scores of the lone candidates (all chunks at once), the rescans in chunk order,
+    then the first NaN index, else the first index of the maximum."""
+    row = tl.program_id(0)
+    row_ptr = probs_ptr + row.to(tl.int64) * row_stride
+    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    cidx = tl.arange(0, NC_POW2)
+    live = cidx < NC
+    score = tl.load(part_score_ptr + row * NC + cidx, mask=live, other=float("-inf"))
+    code = tl.load(part_idx_ptr + row * NC + cidx, mask=live, other=0)
+    lone = live & (code <= _LONE)
+    j = tl.where(lone, _LONE - code, 0)
+    lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
+    score = tl.where(lone, _exact_score_of(lp, h_row, j, CAP, RECIP), score)
+    rescan = live & (code == _RESCAN)
+    # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their first-index maximum.
+    ok = live & ~rescan
+    best = tl.max(tl.where(ok, score, float("-inf")), 0)
+    best_idx = tl.min(tl.where(ok & (score == best), tl.where(lone, j, code), _INT_MAX), 0)
+    nan_idx = tl.full([], _INT_MAX, tl.int32)
+    n = tl.sum(rescan.to(tl.int32), 0)
+    while n > 0:  # rare: chunks the screen could not judge, exactly, in chunk order
+        c = tl.min(tl.where(rescan, cidx, _INT_MAX), 0)
+        rescan = rescan & (cidx != c)
+        n -= 1
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        s, i = _exact_chunk(row_ptr, h_row, offs, offs < V, CAP, RECIP, True)
+        if s != s:
+            nan_idx = i
+            n = 0  # only rescanned chunks hold NaN scores, and they come in index order: this is the first
+        elif (s > best) | ((s == best) & (i < best_idx)):
+            best = s
+            best_idx = i
+    tl.store(out_ptr + row, tl.where(nan_idx < _INT_MAX, nan_idx, best_idx).to(tl.int64))
+
+
+def coupled_race_probs(
+    probs: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    cap_unit_uniform: bool = True,
+    uniform: Optional[str] = None,
+    block_size: Optional[int] = None,
+    num_warps: Optional[int] = None,
+) -> torch.Tensor:
+    """:func:`~sglang_detspec.kernels.coupled_race.coupled_race` of ``torch.log(probs)``, the log taken in the
+    kernel: int64 tokens ``[R]``.  What the invariant verify and proposal run.
+
+    Args:
+        probs: ``[R, V]`` float32, contiguous in the vocab dimension (a strided row view is read in place).
+        seeds, positions, cap_unit_uniform, uniform: as :func:`~sglang_detspec.kernels.coupled_race.coupled_race`.
+        block_size, num_warps: columns and warps per stage-1 program (default :func:`race_launch`'s).
+
+    Exact where the kernel's float32 ``log`` is CUDA torch's (module docstring).  Under the Triton interpreter (CPU
+    tests) the kernel's ``log`` is numpy's, which differs from CPU torch's in the last bit for a few percent of
+    inputs: the CPU twin is then :func:`~sglang_detspec.coupled_reference.coupled_race_reference` of
+    ``numpy.log(probs)``.  Degenerate rows as there: all zero gives token 0, a NaN or negative probability the first
+    such index, ``+inf`` the first ``+inf``.  CUDA-graph caveats: module docstring.
+    """
+    check_coupled_race_inputs(probs, seeds, positions, uniform, float32_only=True)
+    require_vocab_contiguous("probs", probs)
+    require_cuda_or_interpreter(probs, "sglang_detspec.coupled_reference.coupled_race_reference")
+    R, V = probs.shape
+    out = torch.empty(R, dtype=torch.int64, device=probs.device)
+    if R == 0:
+        return out
+    block, warps = race_launch(R, V, block_size, num_warps)
+    nc = triton.cdiv(V, block)
+    part_score = torch.empty((R, nc), dtype=torch.float64, device=probs.device)
+    part_idx = torch.empty((R, nc), dtype=torch.int32, device=probs.device)
+    cap = bool(cap_unit_uniform)
+    recip = resolve_uniform(uniform, probs.device) == "reciprocal"
+    seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
+    _probs_stage1[(R, nc)](
+        probs, probs.stride(0), seeds, positions, part_score, part_idx, V, nc,
+        CAP=cap, RECIP=recip, BLOCK=block, num_warps=warps,
+    )
+    _probs_stage2[(R,)](
+        probs, probs.stride(0), seeds, positions, part_score, part_idx, out, V, nc,
+        CAP=cap, RECIP=recip, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, num_warps=4,
+    )
+    return out
+
+
+def coupled_verify(
+    target_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    **race_options,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The coupled verify on the kernel: ``(accepted_len int64 [B], emitted int64 [B, S+1])``.
+
+    Same contract as :func:`sglang_detspec.coupled_reference.coupled_verify_reference` (``target_probs``
+    ``[B, S+1, V]`` float32, ``draft_tokens`` ``[B, S]``, ``seeds`` ``[B]``, ``positions`` ``[B, S+1]``);
+    ``race_options`` go to :func:`coupled_race_probs`.  Emitted entries past ``accepted_len + 1`` are -1.
+    """
+    check_verify_inputs(target_probs, draft_tokens, seeds, positions)
+    B, S1, V = target_probs.shape
+    # log(target_probs), the torch op SGLang's sampling_from_probs_torch runs, is taken inside the kernel
+    target = coupled_race_probs(
+        target_probs.reshape(B * S1, V), seeds.repeat_interleave(S1), positions.reshape(-1), **race_options
+    )
+    return accept_and_emit(target.view(B, S1), draft_tokens)
