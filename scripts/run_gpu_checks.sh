@@ -2,6 +2,7 @@
 # Run everything that needs a CUDA GPU, on any CUDA machine where sglang is installed normally.
 #
 #   scripts/run_gpu_checks.sh OUTDIR [--only PART[,PART...]] [--quick] [--pytest-args "ARGS"]
+#                             [--kernel-args "ARGS"] [--bench-args "ARGS"] [--e2e-tests "PATHS"]
 #
 # PART is one of:
 #   unit    GPU unit tests:        python -m pytest -m gpu tests/unit tests/gpu
@@ -10,6 +11,9 @@
 #           then the verify-scheme benchmark: scripts/bench/bench_verify_schemes.py --out OUTDIR (log: bench_verify.log)
 #   e2e     end-to-end tests:      python -m pytest tests/e2e  (real sglang servers on the tiny models;
 #                                   results in OUTDIR/e2e/e2e_results.json, server logs beside it)
+# --kernel-args "ARGS" goes to gpu_kernel_checks.py (e.g. "--only coupled"), --bench-args "ARGS" to
+# bench_verify_schemes.py (e.g. "--coupled-launches 1024x4,2048x8"); --e2e-tests "PATHS" replaces tests/e2e.
+# On the lent H200, `source scripts/gpu_stage.sh` first (it stages SGLang from .gpu-bundle).
 # Default: all four, in that order. Each part's output goes to OUTDIR/<part>.log; the script goes on
 # after a failing part and exits non-zero if any part failed. --pytest-args is passed to the e2e
 # pytest run (e.g. "-k builtin" to run only the baseline); --quick passes --quick to the kernel checks
@@ -21,12 +25,15 @@
 # built locally (sglang_detspec.tiny_models: the weighted pair by default, DETSPEC_E2E_PAIR=dummy for the other).
 set -uo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage; exit 2; }
 case "$1" in -h|--help) usage; exit 0;; esac
 OUTDIR=$1; shift
 ONLY="unit,kernel,bench,e2e"
 PYTEST_ARGS=""
+KERNEL_ARGS=""
+BENCH_ARGS=""
+E2E_TESTS="tests/e2e"
 QUICK=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +42,12 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=(--quick); shift;;
     --pytest-args) PYTEST_ARGS=$2; shift 2;;
     --pytest-args=*) PYTEST_ARGS=${1#--pytest-args=}; shift;;
+    --kernel-args) KERNEL_ARGS=$2; shift 2;;
+    --kernel-args=*) KERNEL_ARGS=${1#--kernel-args=}; shift;;
+    --bench-args) BENCH_ARGS=$2; shift 2;;
+    --bench-args=*) BENCH_ARGS=${1#--bench-args=}; shift;;
+    --e2e-tests) E2E_TESTS=$2; shift 2;;
+    --e2e-tests=*) E2E_TESTS=${1#--e2e-tests=}; shift;;
     *) echo "unknown argument: $1" >&2; usage; exit 2;;
   esac
 done
@@ -82,19 +95,22 @@ for p in ${ONLY//,/ }; do
       run_part unit "$PY" -m pytest -m gpu tests/unit tests/gpu -q -rs -p no:cacheprovider;;
     kernel)
       if [ -f scripts/gpu_kernel_checks.py ]; then
-        run_part kernel "$PY" scripts/gpu_kernel_checks.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
+        # shellcheck disable=SC2086
+        run_part kernel "$PY" scripts/gpu_kernel_checks.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"} $KERNEL_ARGS
       else
         echo "scripts/gpu_kernel_checks.py not found" | tee "$OUTDIR/kernel.log"; RC[kernel]=1
       fi;;
     bench)
       run_part bench "$PY" scripts/bench/bench_sampler.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
       bench_rc=${RC[bench]}
-      run_part bench_verify "$PY" scripts/bench/bench_verify_schemes.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"}
+      # shellcheck disable=SC2086
+      run_part bench_verify "$PY" scripts/bench/bench_verify_schemes.py --out "$OUTDIR" ${QUICK[@]+"${QUICK[@]}"} \
+        $BENCH_ARGS
       RC[bench]=$(( bench_rc || RC[bench_verify] ));;
     e2e)
       mkdir -p "$OUTDIR/e2e"
       # shellcheck disable=SC2086
-      DETSPEC_E2E_OUT="$OUTDIR/e2e" run_part e2e "$PY" -m pytest tests/e2e -v -s -rs -p no:cacheprovider $PYTEST_ARGS
+      DETSPEC_E2E_OUT="$OUTDIR/e2e" run_part e2e "$PY" -m pytest $E2E_TESTS -v -s -rs -p no:cacheprovider $PYTEST_ARGS
       if [ -f "$OUTDIR/e2e/e2e_results.json" ]; then
         "$PY" - "$OUTDIR/e2e/e2e_results.json" <<'PYEOF' | tee -a "$OUTDIR/e2e.log"
 import json, sys
