@@ -19,7 +19,7 @@ _detspec_stage() {
       { echo "gpu_stage.sh: unpacking the bundle into /tmp/site failed" >&2; return 3; }
   fi
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" SGLANG_ENABLE_JIT_DEEPGEMM=0
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/detspec-pip.log 2>&1 ||
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/detspec-pip.log 2>&1 ||
     { tail -20 /tmp/detspec-pip.log >&2; echo "gpu_stage.sh: pip install -e . failed" >&2; return 3; }
   python3 -c "from importlib.metadata import entry_points as e; import sys
 sys.exit(0 if 'detspec' in [x.name for x in e(group='sglang.srt.plugins')] else 3)" ||
