@@ -65,6 +65,8 @@ _LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
 #: launches take narrow programs to fill the GPU (the split of seeded_draft_sample's H200-tuned LAUNCH_TABLE).
 #: Not yet timed for this kernel: scripts/bench/bench_verify_schemes.py --coupled-launches compares launches.
 LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((2.83, (1024, 4)), (float("inf"), (2048, 8)))
+#: Chunks per row at most: stage 2 reads a row's partials as one vector (V = 163,840 is 160 chunks at 1024 columns).
+MAX_CHUNKS = 4096
 
 
 def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
@@ -84,6 +86,9 @@ def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
         raise ValueError(f"block_size must be a power of two >= 16, got {block}")
     if warps < 1 or warps & (warps - 1):
         raise ValueError(f"num_warps must be a power of two >= 1, got {warps}")
+    if triton.cdiv(vocab, block) > MAX_CHUNKS:  # stage 2 holds a row's chunks in one program
+        raise ValueError(f"block_size {block} cuts a vocab of {vocab} into more than {MAX_CHUNKS} chunks; pass "
+                         f"block_size >= {triton.next_power_of_2(triton.cdiv(vocab, MAX_CHUNKS))} (or leave it unset)")
     return block, warps
 
 

@@ -284,10 +284,11 @@ def test_probs_rescans_in_chunk_order_beside_lone_candidates():
         assert want[:3].tolist() == [150, 200, 70] and want[3] == 100 and want[4] != 129 and want[5] < 64
 
 
-@pytest.mark.parametrize("launch,match", [(dict(block_size=48), "power of two >= 16"),
-                                          (dict(num_warps=3), "num_warps must be a power of two")])
-def test_probs_race_refuses_a_bad_launch(launch, match):
-    probs = torch.softmax(torch.randn(2, 64), -1)
+@pytest.mark.parametrize("launch,match,vocab", [(dict(block_size=48), "power of two >= 16", 64),
+                                                (dict(num_warps=3), "num_warps must be a power of two", 64),
+                                                (dict(block_size=16), "pass block_size >= 32", 4096 * 16 + 1)])
+def test_probs_race_refuses_a_bad_launch(launch, match, vocab):
+    probs = torch.softmax(torch.randn(2, vocab), -1)
     with pytest.raises(ValueError, match=match):
         coupled_race_probs(probs.to(DEV), torch.tensor([1, 2], device=DEV), torch.tensor([3, 4], device=DEV), **launch)
 
