@@ -141,6 +141,11 @@ NO_REPLAY_CONTROL = Path(__file__).resolve().parent / "controls" / "no_retractio
 UPSTREAM_SAMPLER_CONTROL = Path(__file__).resolve().parent / "controls" / "upstream_target_sampler"
 
 
+def with_control(control_dir: Path, env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` plus a PYTHONPATH that puts a test-only control's ``sitecustomize`` first (before the caller's)."""
+    return dict(env, PYTHONPATH=os.pathsep.join([str(control_dir), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     """Every configuration the E2E tests use, by name. ``models`` is a ``TinyModels`` of ``pair``."""
     pair = pair or tiny_pair()
@@ -151,9 +156,7 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     rs = ["--speculative-use-rejection-sampling"]
     # The two configurations scripts/run_sglang_harness.py also serves: built by the one shared helper.
     detspec = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
-    control_env = dict(LONG_CONTEXT_ENV, PYTHONPATH=os.pathsep.join(
-        [str(UPSTREAM_SAMPLER_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]
-    ))
+    control_env = with_control(UPSTREAM_SAMPLER_CONTROL, LONG_CONTEXT_ENV)
     specs = [
         ServerSpec("detspec_eagle_graph", detspec),
         ServerSpec("detspec_eagle_nograph", detspec + GRAPHS_OFF),
@@ -179,9 +182,8 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_forced_retract_graph", detspec + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
         ServerSpec("detspec_eagle_forced_retract_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS,
                    env=dict(FORCED_RETRACT_ENV)),
-        ServerSpec("detspec_noreplay_forced_retract", detspec + PRESSURE_ARGS, env=dict(
-            FORCED_RETRACT_ENV, PYTHONPATH=os.pathsep.join(
-                [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
+        ServerSpec("detspec_noreplay_forced_retract", detspec + PRESSURE_ARGS,
+                   env=with_control(NO_REPLAY_CONTROL, FORCED_RETRACT_ENV)),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -260,9 +262,8 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
         ServerSpec("invariant_forced_retract_graph", invariant + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
         ServerSpec("invariant_forced_retract_nograph", invariant + GRAPHS_OFF + PRESSURE_ARGS,
                    env=dict(FORCED_RETRACT_ENV)),
-        ServerSpec("invariant_noreplay_forced_retract", invariant + PRESSURE_ARGS, env=dict(
-            FORCED_RETRACT_ENV, PYTHONPATH=os.pathsep.join(
-                [str(NO_REPLAY_CONTROL), *filter(None, [os.environ.get("PYTHONPATH")])]))),
+        ServerSpec("invariant_noreplay_forced_retract", invariant + PRESSURE_ARGS,
+                   env=with_control(NO_REPLAY_CONTROL, FORCED_RETRACT_ENV)),
     ]
 
 
