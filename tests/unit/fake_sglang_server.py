@@ -121,6 +121,12 @@ def _lcp(a: list[str], b: list[str]) -> int:
     return n
 
 
+class _BackloggedHTTPServer(ThreadingHTTPServer):
+    # The pressure profile opens ~30 connections at once; socketserver's default listen backlog of 5 made a loaded
+    # CI machine (several checks and fakes side by side) answer some with "Connection reset by peer".
+    request_queue_size = 128
+
+
 class FakeSGLang:
     def __init__(
         self,
@@ -210,7 +216,7 @@ class FakeSGLang:
             def do_POST(self):
                 fake._handle(self, "POST")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = _BackloggedHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
