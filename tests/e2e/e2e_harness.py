@@ -313,6 +313,11 @@ def run_check(srv, traffic: str, report_path: Path, *, trials: int, seed: int, s
     return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-2000:], "report": report}
 
 
+def pressure_profile(report: dict) -> dict:
+    """The ``pressure`` profile's entry of a check report (``{}`` if the report has none)."""
+    return next((p for p in report.get("profiles", []) if p["name"] == "pressure"), {})
+
+
 def check_summary(traffic: str, result: dict) -> dict:
     """What e2e_results.json keeps of one :func:`run_check` (the report itself lies beside it)."""
     rep = result["report"]

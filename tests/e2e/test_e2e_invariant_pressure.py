@@ -57,13 +57,9 @@ pytestmark = [
 ]
 
 
-def pressure_profile(report: dict) -> dict:
-    return next((p for p in report.get("profiles", []) if p["name"] == "pressure"), {})
-
-
 def summary(result: dict) -> dict:
     """What e2e_results.json keeps of one check (its report lies beside it)."""
-    rep, p = result["report"], pressure_profile(result["report"])
+    rep, p = result["report"], h.pressure_profile(result["report"])
     against = rep.get("against") or {}
     return {
         **h.check_summary("pressure", result),
@@ -75,7 +71,7 @@ def summary(result: dict) -> dict:
 
 
 def explain(result: dict) -> str:
-    p = pressure_profile(result["report"])
+    p = h.pressure_profile(result["report"])
     return (f"exit {result['returncode']}; pressure profile: unique {p.get('unique_outputs')}, differing trials "
             f"{p.get('differing_trials')}, divergence {p.get('divergence')}, probe retracted in "
             f"{p.get('probe_retracted_trials')}; against {result['report'].get('against')}\n"
@@ -108,13 +104,13 @@ def test_the_probe_was_retracted_on_every_forced_server(checks):
     for name in (*INVARIANT, CONTROL):
         r = checks[name]
         assert r["report"], f"no report from {name}: {explain(r)}"
-        assert pressure_profile(r["report"]).get("probe_retracted_trials"), f"{name}: inconclusive, {explain(r)}"
+        assert h.pressure_profile(r["report"]).get("probe_retracted_trials"), f"{name}: inconclusive, {explain(r)}"
 
 
 @pytest.mark.parametrize("name", INVARIANT)
 def test_a_retracted_invariant_probe_keeps_its_tokens(checks, name):
     r = checks[name]
-    p = pressure_profile(r["report"])
+    p = h.pressure_profile(r["report"])
     assert p, f"no pressure profile in {name}'s report: {explain(r)}"
     assert p.get("unique_outputs") == 1 and not p.get("differing_trials") and len(p["trials"]) == TRIALS, explain(r)
 
@@ -133,7 +129,7 @@ def test_control_rejection_sampling_is_reproducible_but_not_the_reference(checks
     r = checks[CONTROL]
     rep = r["report"]
     assert rep.get("against"), f"no --against result from the control: {explain(r)}"
-    assert pressure_profile(rep).get("unique_outputs") == 1, explain(r)
+    assert h.pressure_profile(rep).get("unique_outputs") == 1, explain(r)
     assert rep["against"]["self_consistent"], rep["against"]
     assert not rep["against"]["passed"] and r["returncode"] == 1, explain(r)
 
