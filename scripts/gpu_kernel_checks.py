@@ -18,7 +18,8 @@
    tail hit count, |z| <= 4 required); independence of draft steps k and k+1 at the same (seed, position)
    (chi-square independence on a 16x16 table, p > 1e-3, and |Pearson r| * sqrt(N) <= 4).
 4. Coupled race (issue 18, ``kernels/coupled_race.py``): its float32 Gumbel screen against float64 for all 2**32
-   hashes (2**-11 absolute), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
+   hashes (2**-11 absolute), the ratio screen's float32 ``E = -log u`` in both forms (``lg2.approx``, the GPU
+   default, and libdevice's ``logf``; 2**-12.8 relative), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
    where SGLang is absent) on >= 10**6 rows incl. constructed near ties and u = 1 / u = 0 hashes, for the race on
    ``torch.log(probs)`` and for ``coupled_race_probs`` (the log taken in the kernel; its ``tl.log`` is also compared
    with ``torch.log`` on every float32 from +0 to +inf).  Zero mismatches.
@@ -51,7 +52,7 @@ from sglang_detspec.upstream_replica import (  # noqa: E402
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
-from sglang_detspec.kernels.coupled_race import coupled_race, gumbel_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_race import coupled_race, exponential_f32, gumbel_f32  # noqa: E402
 from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -361,6 +362,30 @@ def check_gumbel_screen() -> dict:
                 log2_max_abs_err=math.log2(worst), bound=2.0**-11, passed=worst < 2.0**-11)
 
 
+@triton.jit
+def _exponential_error_kernel(out_ptr, PER_PROG: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr):
+    worst = tl.zeros([BLOCK], dtype=tl.float64)
+    base = tl.program_id(0).to(tl.int64) * PER_PROG
+    for t in range(0, PER_PROG, BLOCK):
+        hv = (base + t + tl.arange(0, BLOCK)).to(tl.uint32)
+        a = tl.log(hv.to(tl.float64) * 2.3283064370807974e-10)  # SGLang's float64 log u (reciprocal form, capped)
+        a = tl.where(a > -2.3283064365386963e-10, -2.3283064365386963e-10, a)
+        rel = tl.abs(exponential_f32(hv, FAST).to(tl.float64) + a) / -a
+        worst = tl.maximum(worst, tl.where(hv != 0, rel, 0.0))  # h = 0 gets a stand-in every caller replaces
+    tl.store(out_ptr + tl.program_id(0), tl.max(worst, 0))
+
+
+def check_exponential_screen(fast: bool) -> dict:
+    """The ratio screen's float32 ``E = -log u`` (kernels/coupled_race.py::exponential_f32) in the form
+    coupled_race_probs runs (``fast``: lg2.approx, its GPU default; else libdevice's logf), all hashes but 0."""
+    out = torch.empty((1 << 32) >> 16, dtype=torch.float64, device=DEV)
+    _exponential_error_kernel[(out.numel(),)](out, PER_PROG=1 << 16, BLOCK=1024, FAST=fast)
+    worst = float(out.max())  # the ratio screen's bound assumes 2**-12.8 (kernels/coupled_race.py docstring)
+    return dict(name=f"coupled race: float32 ratio-screen E ({'lg2.approx' if fast else 'logf'}), all 2**32 hashes",
+                max_rel_err=worst, log2_max_rel_err=math.log2(worst) if worst > 0 else float("-inf"),
+                bound=2.0**-12.8, passed=worst < 2.0**-12.8)
+
+
 def check_coupled_parity(total_rows: int, log) -> dict:
     try:
         from sglang.srt.layers.sampler import sampling_from_probs_torch as upstream
@@ -374,7 +399,7 @@ def check_coupled_parity(total_rows: int, log) -> dict:
             return coupled_race_reference_probs(probs, sampling_seed, positions, cap_unit_uniform=True)
     g = torch.Generator(device=DEV).manual_seed(4321)
     vocabs, kinds, temps = [151936, 32000, 4099], ["dense", "topk50", "flat", "peaked", "ties"], [0.3, 1.0, 3.0]
-    rows = mism = fused_mism = small_launch_mism = divide_mism = batches = 0
+    rows = mism = fused_mism = precise_screen_mism = small_launch_mism = divide_mism = batches = 0
     t0 = time.time()
     while rows < total_rows:
         V, kind, temp = vocabs[batches % 3], kinds[(batches // 3) % 5], temps[(batches // 15) % 3]
@@ -403,7 +428,9 @@ def check_coupled_parity(total_rows: int, log) -> dict:
         want = upstream(probs.clone(), sampling_seed=seeds, positions=pos).to(torch.int64).view(-1)
         logprobs = torch.log(probs)
         mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap) != want).sum())
-        fused_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap) != want).sum())
+        fused_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap) != want).sum())  # lg2.approx
+        precise_screen_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap,
+                                                       fast_screen=False) != want).sum())
         # the launch the table gives a few rows (kernels/coupled_race_probs.py LAUNCH_TABLE), on these many rows
         small_launch_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap, block_size=1024,
                                                      num_warps=4) != want).sum())
@@ -413,8 +440,9 @@ def check_coupled_parity(total_rows: int, log) -> dict:
             log(f"  coupled parity: {rows} rows, {mism} mismatches, {time.time() - t0:.0f}s")
         del probs, logprobs, want
     return dict(name=f"coupled race vs {against} (token-id keyed, cap={cap})", rows=rows, mismatches=mism,
-                fused_log_mismatches=fused_mism, fused_small_launch_mismatches=small_launch_mism,
-                divide_form_mismatches=divide_mism, passed=mism == 0 and fused_mism == 0 and small_launch_mism == 0,
+                fused_log_mismatches=fused_mism, fused_precise_screen_mismatches=precise_screen_mism,
+                fused_small_launch_mismatches=small_launch_mism, divide_form_mismatches=divide_mism,
+                passed=mism == 0 and fused_mism == 0 and precise_screen_mism == 0 and small_launch_mism == 0,
                 seconds=round(time.time() - t0, 1))
 
 
@@ -464,12 +492,14 @@ def main(argv=None) -> int:
     results = []
     t0 = time.time()
     if args.only == "coupled":
-        for r in (check_gumbel_screen(), check_kernel_log(), check_coupled_parity(rows, log)):
+        for r in (check_gumbel_screen(), check_exponential_screen(True), check_exponential_screen(False),
+                  check_kernel_log(), check_coupled_parity(rows, log)):
             results.append(r)
             log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
                 f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
     for fn in (() if args.only == "coupled" else (check_e2_bound, check_score_bound, check_degenerate,
-                                                   check_gumbel_screen)):
+                                                   check_gumbel_screen, lambda: check_exponential_screen(True),
+                                                   lambda: check_exponential_screen(False))):
         r = fn()
         results.append(r)
         log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(

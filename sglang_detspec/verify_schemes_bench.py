@@ -22,8 +22,9 @@ its ``multinomial_with_seed`` clamp). For one decode step of a linear topk-1 cha
 * ``step_total``: ``S`` proposals + 1 verify (sum of medians; peak = the larger of the two).
 * with ``--coupled-launches BLOCKxWARPS,...``: the coupled race alone
   (:func:`~sglang_detspec.kernels.coupled_race_probs.coupled_race_probs`) on the proposal's ``[B, V]`` and the
-  verify's ``[B*(S+1), V]`` rows under each stage-1 launch, beside its default launch (``race_launch``), in
-  ``coupled_launches.csv``: what its ``LAUNCH_TABLE`` is tuned from.
+  verify's ``[B*(S+1), V]`` rows under each stage-1 launch, beside its default launch (``race_launch``), each with
+  both screen forms (``fast_screen``: ``lg2.approx``, the default, and libdevice's ``logf``), in
+  ``coupled_launches.csv``: what its ``LAUNCH_TABLE`` and screen default are chosen from.
 
 Row-local truncation: ``truncate_target_probs`` returns ``target_probs`` itself, launching nothing, unless a row has
 top-k, top-p or min-p (SGLang's host-side ``need_*`` flags). The benchmark's rows are plain temperature rows, so the
@@ -68,6 +69,8 @@ QUICK_BATCHES = (1, 128)
 STEPS = 3
 SCHEMES = ("rejection", "coupled")
 _SCHEME_OF = {"rejection": scheme.REJECTION, "coupled": scheme.COUPLED}
+#: the coupled race's two screen forms (kernels/coupled_race.py::exponential_f32), by ``fast_screen``
+SCREENS = {True: "lg2.approx", False: "logf"}
 _INSTALL = ("install SGLang 0.5.17 - 0.5.23 in this Python (pip install 'sglang>=0.5.17,<0.5.24'), or put the "
             "staged SGLang bundle on PYTHONPATH")
 
@@ -251,18 +254,21 @@ def measure_launches(batch: int, vocab: int, steps: int, launches, calls_per_gra
         want = coupled_race_probs(probs, seeds, positions)
         base = None
         for block, warps in [default, *[x for x in launches if x != default]]:
+            for fast in (True, False):  # the default screen (lg2.approx) first: it is the base of vs_default
 
-            def race(pr, se, po, block=block, warps=warps):
-                return coupled_race_probs(pr, se, po, block_size=block, num_warps=warps)
+                def race(pr, se, po, block=block, warps=warps, fast=fast):
+                    return coupled_race_probs(pr, se, po, block_size=block, num_warps=warps, fast_screen=fast)
 
-            if not torch.equal(race(probs, seeds, positions), want):  # every launch is the same exact race
-                raise RuntimeError(f"coupled race launch {block}x{warps} gave other tokens than {default} "
-                                   f"(B={batch}, V={vocab}, {part}): a kernel bug, report it")
-            t = _timed(race, (probs, seeds, positions), calls_per_graph, replays)
-            base = base or t["median"]
-            out.append(dict(vocab=vocab, batch=batch, part=part, rows=probs.shape[0], block=block, warps=warps,
-                            default=(block, warps) == default, median_us=round(t["median"], 3),
-                            p90_us=round(t["p90"], 3), vs_default=round(t["median"] / base, 4)))
+                screen = SCREENS[fast]
+                if not torch.equal(race(probs, seeds, positions), want):  # every launch is the same exact race
+                    raise RuntimeError(f"coupled race launch {block}x{warps} ({screen} screen) gave other tokens "
+                                       f"than {default} (B={batch}, V={vocab}, {part}): a kernel bug, report it")
+                t = _timed(race, (probs, seeds, positions), calls_per_graph, replays)
+                base = base or t["median"]
+                out.append(dict(vocab=vocab, batch=batch, part=part, rows=probs.shape[0], block=block, warps=warps,
+                                screen=screen, default=(block, warps) == default and fast,
+                                median_us=round(t["median"], 3), p90_us=round(t["p90"], 3),
+                                vs_default=round(t["median"] / base, 4)))
     return out
 
 
@@ -293,7 +299,7 @@ def run(out_dir: Path, quick: bool = False, vocabs: Optional[Sequence[int]] = No
                 for lr in measure_launches(batch, vocab, steps, coupled_launches, calls_per_graph, replays, device):
                     launch_rows.append(lr)
                     log(f"{vocab:>7} {batch:>4} coupled race {lr['part']:<8} rows {lr['rows']:>5} launch "
-                        f"{lr['block']}x{lr['warps']}{' (default)' if lr['default'] else ''}: "
+                        f"{lr['block']}x{lr['warps']} {lr['screen']:<10}{' (default)' if lr['default'] else ''}: "
                         f"{lr['median_us']:.2f} us, x{lr['vs_default']:.3f} of the default")
             res = measure(batch, vocab, steps, chain_kernel, seeded_verify_coins, calls_per_graph, replays, device)
             for row in rows_for(vocab, batch, steps, res):

@@ -79,7 +79,7 @@ from ..coupled_reference import (
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 
 # The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
-from .seeded_draft_sample import _fmix32, _mix32
+from .seeded_draft_sample import _fmix32, _lg2_f32, _mix32
 
 __all__ = ["coupled_race", "exponential_f32", "gumbel_f32", "DEFAULT_BLOCK"]
 
@@ -93,6 +93,7 @@ _UMAX_F64 = tl.constexpr(float(UMAX))  # exact in float64; Python floats meet fl
 _RCP_UMAX = tl.constexpr(1.0 / UMAX)  # fl(1 / (2**32 - 1)) = 2**-32 + 2**-64, CUDA torch's multiplier
 _G_HASH_ZERO = tl.constexpr(-709.782712893384)  # g at h = 0: -log(log(DBL_MAX)), float32-rounded in the screen
 _TWO_M32 = tl.constexpr(2.0**-32)
+_NEG_LN2 = tl.constexpr(-0.6931471805599453)  # -ln 2: log u = log2(u) * ln 2
 # Candidate margin (module docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|)
 _ABS_MARGIN = tl.constexpr(2.0**-8)
 _REL_MARGIN = tl.constexpr(2.0**-20)
@@ -122,20 +123,31 @@ def gumbel_f32(h):
     Every hash gets a finite value (``h = 2**32 - 1`` that of the 0.5.18+ cap; without the cap the kernel
     flags it instead).  Public so that scripts/gpu_kernel_checks.py measures this very expression.
     """
-    return tl.where(h == 0, _G_HASH_ZERO, -tl.log(exponential_f32(h)))
+    return tl.where(h == 0, _G_HASH_ZERO, -tl.log(exponential_f32(h, False)))
 
 
 @triton.jit
-def exponential_f32(h):
+def exponential_f32(h, FAST: tl.constexpr):
     """float32 ``E = -log(u)``, ``u = h / (2**32 - 1)``, within relative 2**-13 of it (module docstring); ``h = 0``
-    gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces."""
+    gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces.
+
+    ``FAST`` (CUDA only, not the interpreter) takes ``log u`` as ``lg2.approx(u) * ln 2``: one MUFU instead of
+    libdevice's ``logf`` polynomial (about 15 FFMA per element).  The bound above already allows ``lg2.approx``'s
+    ``2**-22`` absolute error (``ln 2`` times that in ``log u``, plus the product's rounding, ``2**-24 E``), so
+    the screen's margin and exactness are unchanged; scripts/gpu_kernel_checks.py measures both forms over all
+    2**32 hashes.
+    """
     k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
     # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
     # the mask keeps the discarded lanes finite (the interpreter evaluates them too)
     w = (k & 0x7FFFFF).to(tl.float32) * _TWO_M32
     e_series = tl.maximum(w * (1.0 + w * (0.5 + w * 0.3333333333333333)), _TWO_M32)  # k = 0: the cap's 2**-32
     u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced by the caller; keep log finite
-    return tl.where(k < 0x800000, e_series, -tl.log(u))
+    if FAST:
+        e_log = _lg2_f32(u, True) * _NEG_LN2
+    else:
+        e_log = -tl.log(u)
+    return tl.where(k < 0x800000, e_series, e_log)
 
 
 @triton.jit

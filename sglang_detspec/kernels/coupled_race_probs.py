@@ -53,7 +53,7 @@ from .coupled_race import (
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 from .seeded_draft_sample import _fmix32, _mix32
 
-__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "LAUNCH_TABLE"]
+__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "resolve_fast_screen", "LAUNCH_TABLE"]
 
 #: stage-1 partial index codes below 0 (an index >= 0 comes with its exact float64 score)
 _RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
@@ -92,9 +92,20 @@ def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
     return block, warps
 
 
+def resolve_fast_screen(fast_screen: Optional[bool]) -> bool:
+    """Whether stage 1 screens with ``lg2.approx``: ``fast_screen``, or by default wherever PTX runs (not under
+    the interpreter, whose NumPy cannot execute inline assembly)."""
+    if fast_screen is None:
+        return not INTERPRETED
+    if fast_screen and INTERPRETED:
+        raise ValueError("fast_screen=True needs a CUDA GPU: the Triton interpreter (TRITON_INTERPRET=1) cannot run "
+                         "the screen's lg2.approx; pass fast_screen=None or False")
+    return bool(fast_screen)
+
+
 @triton.jit
 def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr, MASKED: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, FAST: tl.constexpr):
     """One chunk's stage-2 partial ``(float64 score, index or code)`` from the ratio screen."""
     offs = lo + tl.arange(0, BLOCK)
     if MASKED:
@@ -111,7 +122,7 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         else:
             unjudged = unjudged | (h == 0xFFFFFFFF)
     # masked lanes read p = 0: ratio 0, like a zero probability; h = 0 (g = -709.78) gets ratio 0, settled below
-    r = tl.where(h != 0, (p * _TWO_P64) / exponential_f32(h), 0.0)
+    r = tl.where(h != 0, (p * _TWO_P64) / exponential_f32(h, FAST), 0.0)
     m = tl.max(r, 0)
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
@@ -135,7 +146,7 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
 @triton.jit
 def _probs_stage1(
     probs_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
-    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -143,9 +154,9 @@ def _probs_stage1(
     h_row = _row_prefix(seed_ptr, pos_ptr, row)
     lo = c * BLOCK
     if lo + BLOCK <= V:  # only the last chunk of a row is partial: the others skip the masks
-        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK)
+        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK, FAST)
     else:
-        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, True, BLOCK)
+        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, True, BLOCK, FAST)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 
@@ -199,6 +210,7 @@ def coupled_race_probs(
     uniform: Optional[str] = None,
     block_size: Optional[int] = None,
     num_warps: Optional[int] = None,
+    fast_screen: Optional[bool] = None,
 ) -> torch.Tensor:
     """:func:`~sglang_detspec.kernels.coupled_race.coupled_race` of ``torch.log(probs)``, the log taken in the
     kernel: int64 tokens ``[R]``.  What the invariant verify and proposal run.
@@ -207,6 +219,9 @@ def coupled_race_probs(
         probs: ``[R, V]`` float32, contiguous in the vocab dimension (a strided row view is read in place).
         seeds, positions, cap_unit_uniform, uniform: as :func:`~sglang_detspec.kernels.coupled_race.coupled_race`.
         block_size, num_warps: columns and warps per stage-1 program (default :func:`race_launch`'s).
+        fast_screen: the screen's ``log u`` by ``lg2.approx`` (:func:`~.coupled_race.exponential_f32`); the
+            same tokens either way, since the screen's bound allows it.  Default: on CUDA, off under the
+            interpreter, which cannot run PTX (``True`` there raises ``ValueError``).
 
     Exact where the kernel's float32 ``log`` is CUDA torch's (module docstring).  Under the Triton interpreter (CPU
     tests) the kernel's ``log`` is numpy's, which differs from CPU torch's in the last bit for a few percent of
@@ -217,6 +232,7 @@ def coupled_race_probs(
     check_coupled_race_inputs(probs, seeds, positions, uniform, float32_only=True)
     require_vocab_contiguous("probs", probs)
     require_cuda_or_interpreter(probs, "sglang_detspec.coupled_reference.coupled_race_reference")
+    fast = resolve_fast_screen(fast_screen)
     R, V = probs.shape
     out = torch.empty(R, dtype=torch.int64, device=probs.device)
     if R == 0:
@@ -230,7 +246,7 @@ def coupled_race_probs(
     seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
     _probs_stage1[(R, nc)](
         probs, probs.stride(0), seeds, positions, part_score, part_idx, V, nc,
-        CAP=cap, RECIP=recip, BLOCK=block, num_warps=warps,
+        CAP=cap, RECIP=recip, BLOCK=block, FAST=fast, num_warps=warps,
     )
     _probs_stage2[(R,)](
         probs, probs.stride(0), seeds, positions, part_score, part_idx, out, V, nc,

@@ -300,3 +300,25 @@ def test_probs_launch_table_keeps_eight_columns_per_thread():
     bounds = [bound for bound, _ in LAUNCH_TABLE]
     assert bounds == sorted(bounds) and bounds[-1] == float("inf")
     assert all(block == 8 * 32 * warps for _, (block, warps) in LAUNCH_TABLE)
+
+
+def test_probs_fast_screen_is_refused_where_ptx_cannot_run_and_changes_no_token_where_it_can():
+    """The lg2.approx screen (exponential_f32's FAST form) is inline PTX: the interpreter cannot run it, so asking for
+    it there is refused with the fix and the default there is the libdevice form; on a GPU both forms are the same
+    exact race (the screen's bound allows lg2.approx), checked on random and peaked rows."""
+    from sglang_detspec.kernels.coupled_race_probs import resolve_fast_screen
+
+    g = torch.Generator().manual_seed(11)
+    probs = torch.softmax(torch.randn(64, 5000, generator=g) * torch.tensor([1.0, 8.0]).repeat(32)[:, None], -1)
+    seeds = torch.randint(-(2**62), 2**62, (64,), generator=g)
+    positions = torch.randint(0, 2**31, (64,), generator=g)
+    args = (probs.to(DEV), seeds.to(DEV), positions.to(DEV))
+    if DEV == "cpu":
+        assert resolve_fast_screen(None) is False
+        with pytest.raises(ValueError, match="fast_screen=True needs a CUDA GPU.*fast_screen=None or False"):
+            coupled_race_probs(*args, fast_screen=True)
+    else:
+        assert resolve_fast_screen(None) is True
+        assert torch.equal(coupled_race_probs(*args, fast_screen=True), coupled_race_probs(*args, fast_screen=False))
+    want = coupled_race_reference(_kernel_log(probs), seeds, positions, cap_unit_uniform=True)
+    assert torch.equal(coupled_race_probs(*args, fast_screen=False).cpu(), want)

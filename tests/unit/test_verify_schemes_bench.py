@@ -174,3 +174,5 @@ def test_benchmark_smoke_on_the_gpu(tmp_path):
     launches = list(csv.DictReader(open(tmp_path / "coupled_launches.csv")))
     assert {(r["part"], r["block"], r["warps"]) for r in launches} >= {("verify", "256", "2"), ("proposal", "1024", "4")}
     assert sum(r["default"] == "True" for r in launches) == 2  # one default launch per part
+    assert {(r["block"], r["screen"]) for r in launches if r["part"] == "verify"} >= {
+        ("256", "lg2.approx"), ("256", "logf")}  # each launch under both screen forms
