@@ -19,7 +19,8 @@
    (chi-square independence on a 16x16 table, p > 1e-3, and |Pearson r| * sqrt(N) <= 4).
 4. Coupled race (issue 18, ``kernels/coupled_race.py``): its float32 Gumbel screen against float64 for all 2**32
    hashes (2**-11 absolute), the ratio screen's float32 ``E = -log u`` in both forms (``lg2.approx``, the GPU
-   default, and libdevice's ``logf``; 2**-12.8 relative), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
+   default, and libdevice's ``logf``; 2**-12.8 relative), the ratio ``p * 2**64 / E32`` in both forms on random
+   (p, h) (2**-12.8 + 2**-22 relative), and its tokens vs SGLang's own compiled ``sampling_from_probs_torch`` (the reference
    where SGLang is absent) on >= 10**6 rows incl. constructed near ties and u = 1 / u = 0 hashes, for the race on
    ``torch.log(probs)`` and for ``coupled_race_probs`` (the log taken in the kernel; its ``tl.log`` is also compared
    with ``torch.log`` on every float32 from +0 to +inf).  Zero mismatches.
@@ -53,7 +54,7 @@ from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
 from sglang_detspec.kernels.coupled_race import coupled_race, exponential_f32, gumbel_f32  # noqa: E402
-from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs  # noqa: E402
+from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, ratio_f32  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -386,6 +387,36 @@ def check_exponential_screen(fast: bool) -> dict:
                 bound=2.0**-12.8, passed=worst < 2.0**-12.8)
 
 
+@triton.jit
+def _ratio_error_kernel(p_ptr, h_ptr, out_ptr, N, BLOCK: tl.constexpr, FAST: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    p = tl.load(p_ptr + offs, mask=m, other=1.0)
+    h = tl.load(h_ptr + offs, mask=m, other=1).to(tl.uint32)
+    r32 = ratio_f32(p, h, FAST).to(tl.float64)  # the kernel's expression
+    a = tl.log(h.to(tl.float64) * 2.3283064370807974e-10)  # SGLang's float64 log u (reciprocal form, capped)
+    a = tl.where(a > -2.3283064365386963e-10, -2.3283064365386963e-10, a)
+    r64 = p.to(tl.float64) * 18446744073709551616.0 / -a
+    tl.store(out_ptr + offs, tl.where(m, tl.abs(r32 - r64) / r64, 0.0), mask=m)
+
+
+def check_ratio_screen(fast: bool, n: int = 1 << 26) -> dict:
+    """The ratio screen's float32 ``(p * 2**64) / E32`` (kernels/coupled_race_probs.py::ratio_f32) on random
+    (p, h) with p log-uniform over [2**-149, 2**16] and the hash extremes, against float64; the bound is the
+    proof's 2**-12.8 (E32) + 2**-22 (the division)."""
+    g = torch.Generator(device=DEV).manual_seed(8)
+    p = torch.exp2(16 - 165 * torch.rand(n, device=DEV, generator=g, dtype=torch.float64)).float()
+    p = torch.where(p > 0, p, torch.full_like(p, 2.0**-149))
+    h = torch.randint(1, 2**32, (n,), device=DEV, dtype=torch.int64, generator=g)
+    h[:8] = torch.tensor([1, 2, 2**31, 2**32 - 2**23 - 1, 2**32 - 2**23, 2**32 - 2, 2**32 - 1, 2**28], device=DEV)
+    out = torch.empty(n, dtype=torch.float64, device=DEV)
+    _ratio_error_kernel[(triton.cdiv(n, 1024),)](p, h, out, n, BLOCK=1024, FAST=fast)
+    worst, bound = float(out.max()), 2.0**-12.8 + 2.0**-22
+    return dict(name=f"coupled race: float32 ratio screen ({'lg2.approx + rcp.approx' if fast else 'logf + div.full'})"
+                f" on random (p, h)", samples=n, max_rel_err=worst, log2_max_rel_err=math.log2(worst) if worst > 0
+                else float("-inf"), bound=bound, passed=worst < bound)
+
+
 def check_coupled_parity(total_rows: int, log) -> dict:
     try:
         from sglang.srt.layers.sampler import sampling_from_probs_torch as upstream
@@ -493,13 +524,16 @@ def main(argv=None) -> int:
     t0 = time.time()
     if args.only == "coupled":
         for r in (check_gumbel_screen(), check_exponential_screen(True), check_exponential_screen(False),
-                  check_kernel_log(), check_coupled_parity(rows, log)):
+                  check_ratio_screen(True), check_ratio_screen(False), check_kernel_log(),
+                  check_coupled_parity(rows, log)):
             results.append(r)
             log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(
                 f"{k}={v}" for k, v in r.items() if k not in ("name", "passed", "detail", "per_kind")))
     for fn in (() if args.only == "coupled" else (check_e2_bound, check_score_bound, check_degenerate,
                                                    check_gumbel_screen, lambda: check_exponential_screen(True),
-                                                   lambda: check_exponential_screen(False))):
+                                                   lambda: check_exponential_screen(False),
+                                                   lambda: check_ratio_screen(True),
+                                                   lambda: check_ratio_screen(False))):
         r = fn()
         results.append(r)
         log(f"[{'PASS' if r['passed'] else 'FAIL'}] {r['name']}: " + ", ".join(

@@ -30,7 +30,7 @@ per token instead of three (``log p``, ``log E``, and ``log u`` inside ``E``).  
 subnormal ``p`` into the normal range, so every ratio of a probability is normal (``p <= 2**16`` is required, larger
 values, ``+inf``, NaN and negative ``p`` send the chunk to the exact path).  Candidates are ``r >= m * exp(-delta)``,
 ``delta = 2**-8 + 2**-20 (|log m - 64 ln 2| + 1) + 2**-20``.  The bound: ``log r32`` is within ``2**-12.8`` (``E32``,
-below) ``+ 2**-22`` (float32 division, 2 ulp) ``+ 2**-23 |lp|`` (``lp`` = the float32 ``log p`` the exact score
+below) ``+ 2**-22`` (float32 division, 2 ulp; on CUDA ``rcp.approx`` and a product, 1.5 ulp) ``+ 2**-23 |lp|`` (``lp`` = the float32 ``log p`` the exact score
 uses) of ``s64 + 64 ln 2``, and ``|lp| <= |s64| + 22.2`` (``g`` lies in ``[-3.1, 22.2]`` for ``h != 0``), so twice
 that error stays below ``delta`` minus the threshold's float32 rounding by a factor of about 13.  ``h = 0``
 (``g = -709.78``) gets ratio 0: it can only beat zero-probability tokens (any ``p > 0`` scores above ``-106.4``),

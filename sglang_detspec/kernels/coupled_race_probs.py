@@ -51,9 +51,9 @@ from .coupled_race import (
     exponential_f32,
 )
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
-from .seeded_draft_sample import _fmix32, _mix32
+from .seeded_draft_sample import _fmix32, _mix32, _recip_f32
 
-__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "resolve_fast_screen", "LAUNCH_TABLE"]
+__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "resolve_fast_screen", "LAUNCH_TABLE"]
 
 #: stage-1 partial index codes below 0 (an index >= 0 comes with its exact float64 score)
 _RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
@@ -104,6 +104,20 @@ def resolve_fast_screen(fast_screen: Optional[bool]) -> bool:
 
 
 @triton.jit
+def ratio_f32(p, h, FAST: tl.constexpr):
+    """The screen's float32 ratio ``(p * 2**64) / E32(h)`` (0 at ``h = 0``), within relative ``2**-12.8 + 2**-22`` of
+    ``p * 2**64 / E`` (:mod:`.coupled_race`'s bound).  ``FAST``: ``rcp.approx`` (1 ulp) and a product (0.5 ulp)
+    instead of ``div.full`` (2 ulp), inside the bound's 2 ulp for the division; ``E32`` lies in ``[2**-32, 22.2]``,
+    so the reciprocal and the product of a probability ``<= 2**16`` are normal floats.  Public so that
+    scripts/gpu_kernel_checks.py measures this very expression."""
+    if FAST:
+        r = (p * _TWO_P64) * _recip_f32(exponential_f32(h, True), True)
+    else:
+        r = (p * _TWO_P64) / exponential_f32(h, False)
+    return tl.where(h != 0, r, 0.0)
+
+
+@triton.jit
 def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr, MASKED: tl.constexpr,
                    BLOCK: tl.constexpr, FAST: tl.constexpr):
     """One chunk's stage-2 partial ``(float64 score, index or code)`` from the ratio screen."""
@@ -122,7 +136,7 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         else:
             unjudged = unjudged | (h == 0xFFFFFFFF)
     # masked lanes read p = 0: ratio 0, like a zero probability; h = 0 (g = -709.78) gets ratio 0, settled below
-    r = tl.where(h != 0, (p * _TWO_P64) / exponential_f32(h, FAST), 0.0)
+    r = ratio_f32(p, h, FAST)
     m = tl.max(r, 0)
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
@@ -219,8 +233,9 @@ def coupled_race_probs(
         probs: ``[R, V]`` float32, contiguous in the vocab dimension (a strided row view is read in place).
         seeds, positions, cap_unit_uniform, uniform: as :func:`~sglang_detspec.kernels.coupled_race.coupled_race`.
         block_size, num_warps: columns and warps per stage-1 program (default :func:`race_launch`'s).
-        fast_screen: the screen's ``log u`` by ``lg2.approx`` (:func:`~.coupled_race.exponential_f32`); the
-            same tokens either way, since the screen's bound allows it.  Default: on CUDA, off under the
+        fast_screen: the screen's ``log u`` by ``lg2.approx`` (:func:`~.coupled_race.exponential_f32`) and its
+            division by ``rcp.approx`` (:func:`ratio_f32`); the same tokens either way, since the screen's bound
+            allows both.  Default: on CUDA, off under the
             interpreter, which cannot run PTX (``True`` there raises ``ValueError``).
 
     Exact where the kernel's float32 ``log`` is CUDA torch's (module docstring).  Under the Triton interpreter (CPU
