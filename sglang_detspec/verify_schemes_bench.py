@@ -63,6 +63,7 @@ from .integration import scheme
 from .integration.coupled_verify import coupled_chain_verify
 from .integration.proposal import seeded_draft_proposal
 from .integration.verify import VerifySite, truncate_target_probs
+from .kernels.launch_checks import require_launch
 
 BATCHES = (1, 8, 32, 128, 256)
 QUICK_BATCHES = (1, 128)
@@ -231,8 +232,10 @@ def parse_launches(text: str) -> List[tuple]:
             block, warps = (int(v) for v in part.lower().split("x"))
         except ValueError:
             raise ValueError(f"--coupled-launches: {part!r} is not BLOCKxWARPS (e.g. 2048x8)") from None
-        if block < 16 or block & (block - 1) or warps < 1 or warps & (warps - 1):
-            raise ValueError(f"--coupled-launches: {part!r} needs a power-of-two block >= 16 and power-of-two warps")
+        try:
+            require_launch(block, warps)  # refused here, before any GPU work
+        except ValueError as e:
+            raise ValueError(f"--coupled-launches: {part!r}: {e}") from None
         launches.append((block, warps))
     if not launches:
         raise ValueError("--coupled-launches: no launch given (e.g. 1024x4,2048x8)")

@@ -76,7 +76,13 @@ from ..coupled_reference import (
     check_coupled_race_inputs,
     resolve_uniform,
 )
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .launch_checks import (
+    INTERPRETED,
+    interpreter_block,
+    require_cuda_or_interpreter,
+    require_launch,
+    require_vocab_contiguous,
+)
 
 # The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
 from .seeded_draft_sample import _fmix32, _lg2_f32, _mix32
@@ -271,11 +277,9 @@ def _block_for(vocab: int, block_size: Optional[int]) -> int:
     if block_size is not None:
         block = int(block_size)
     elif INTERPRETED:
-        block = max(1024, min(8192, triton.next_power_of_2(vocab)))  # the interpreter prefers few wide programs
+        block = interpreter_block(vocab)
     else:
         block = DEFAULT_BLOCK
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
     return block
 
 
@@ -312,6 +316,7 @@ def coupled_race(
     if R == 0:
         return out
     block = _block_for(V, block_size)
+    require_launch(block, int(num_warps))
     nc = triton.cdiv(V, block)
     part_score = torch.empty((R, nc), dtype=torch.float64, device=logprobs.device)
     part_idx = torch.empty((R, nc), dtype=torch.int32, device=logprobs.device)

@@ -50,7 +50,13 @@ from .coupled_race import (
     _row_prefix,
     exponential_f32,
 )
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .launch_checks import (
+    INTERPRETED,
+    interpreter_block,
+    require_cuda_or_interpreter,
+    require_launch,
+    require_vocab_contiguous,
+)
 from .seeded_draft_sample import _fmix32, _mix32, _recip_f32
 
 __all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "resolve_fast_screen", "LAUNCH_TABLE"]
@@ -77,15 +83,12 @@ def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
     size = rows * vocab / 163840
     block, warps = next(launch for bound, launch in LAUNCH_TABLE if size <= bound)
     if INTERPRETED:
-        block = max(1024, min(8192, triton.next_power_of_2(vocab)))
+        block = interpreter_block(vocab)
     if block_size is not None:
         block = int(block_size)
     if num_warps is not None:
         warps = int(num_warps)
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
-    if warps < 1 or warps & (warps - 1):
-        raise ValueError(f"num_warps must be a power of two >= 1, got {warps}")
+    require_launch(block, warps)
     if triton.cdiv(vocab, block) > MAX_CHUNKS:  # stage 2 holds a row's chunks in one program
         raise ValueError(f"block_size {block} cuts a vocab of {vocab} into more than {MAX_CHUNKS} chunks; pass "
                          f"block_size >= {triton.next_power_of_2(triton.cdiv(vocab, MAX_CHUNKS))} (or leave it unset)")

@@ -3,7 +3,8 @@
 Each kernel addresses a row as ``base + row * stride(0) + column``, so only the vocab (last) dimension must be
 dense, and a launch on CPU tensors works only under Triton's interpreter.  The wrappers check both before
 launching so that a wrong tensor gets an actionable ``ValueError`` (naming the tensor, the fix and the CPU
-function to use instead) rather than wrong tokens or a launch error.  Shapes, strides and devices only: no
+function to use instead) rather than wrong tokens or a launch error.  The launch shape (columns and warps per
+program) has one check and one interpreter default here too.  Shapes, strides and devices only: no
 tensor values are read, so the checks cost no host synchronisation and run under CUDA-graph capture too.
 torch only (no triton import), so importing this module decides nothing about the interpreter.
 """
@@ -15,7 +16,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["INTERPRETED", "require_vocab_contiguous", "require_cuda_or_interpreter"]
+__all__ = ["INTERPRETED", "interpreter_block", "require_launch", "require_vocab_contiguous", "require_cuda_or_interpreter"]
 
 #: True when Triton runs kernels in its NumPy interpreter (``TRITON_INTERPRET=1`` set before import).
 #: Read once, when the kernels package is first imported -- the moment Triton itself reads the variable.
@@ -46,3 +47,19 @@ def require_cuda_or_interpreter(tensor: torch.Tensor, cpu_alternative: str) -> N
         f"the Triton kernel needs CUDA tensors (got {tensor.device}); on CPU use {cpu_alternative}, "
         "or set TRITON_INTERPRET=1 before importing sglang_detspec.kernels"
     )
+
+
+def interpreter_block(vocab: int) -> int:
+    """Columns per program under the interpreter, which executes each program in NumPy: few wide programs run much
+    faster there than a GPU's tuned launch (a power of two in [1024, 8192], at least the vocab where it fits)."""
+    return max(1024, min(8192, 1 << max(0, int(vocab) - 1).bit_length()))
+
+
+def require_launch(block_size: int, num_warps: Optional[int] = None, block_name: str = "block_size") -> None:
+    """Refuse a launch Triton cannot build: ``block_size`` columns per program must be a power of two >= 16 (every
+    kernel here tiles with ``tl.arange(0, BLOCK)``), ``num_warps`` (when given) a power of two >= 1.  ``block_name``
+    is the caller's keyword for the columns, which the message names."""
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"{block_name} must be a power of two >= 16, got {block_size}")
+    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")

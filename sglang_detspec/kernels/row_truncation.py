@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from ..truncation_contract import TRUNCATION_FIXED_POINT_BITS, truncation_out_is_input, validate_truncation_inputs
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_launch, require_vocab_contiguous
 
 __all__ = ["truncate_probs_triton", "INTERPRETED"]
 
@@ -347,8 +347,7 @@ def truncate_probs_triton(
         tile, warps = _GPU_BLOCK, _GPU_WARPS
     tile = tile if block is None else int(block)
     warps = warps if num_warps is None else int(num_warps)
-    if tile < 16 or tile & (tile - 1):
-        raise ValueError(f"block must be a power of two >= 16, got {tile}")
+    require_launch(tile, warps, block_name="block")
     _row_truncation_kernel[(rows,)](
         probs.view(torch.int32),
         out,

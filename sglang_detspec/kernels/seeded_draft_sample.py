@@ -106,7 +106,13 @@ import triton.language as tl
 
 from .. import keys
 from ..draft_contract import check_kernel_inputs
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .launch_checks import (
+    INTERPRETED,
+    interpreter_block,
+    require_cuda_or_interpreter,
+    require_launch,
+    require_vocab_contiguous,
+)
 
 __all__ = [
     "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "neg_log2_u_f32", "race_score_f32",
@@ -555,13 +561,12 @@ def _launch(probs, sampling_seed, positions, draft_step, greedy, config, block_s
     opts = {"maxnreg": nreg} if nreg and not INTERPRETED else {}
     if INTERPRETED and config is None:
         # the interpreter executes each program in NumPy: fewer, wider programs are much faster
-        block = max(1024, min(8192, triton.next_power_of_2(V)))
+        block = interpreter_block(V)
     if block_size is not None:
         block = int(block_size)
     if num_warps is not None:
         warps = int(num_warps)
-    if block < 16 or block & (block - 1):
-        raise ValueError(f"block_size must be a power of two >= 16, got {block}")
+    require_launch(block, warps)
     nc = triton.cdiv(V, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)

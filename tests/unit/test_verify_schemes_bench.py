@@ -150,7 +150,7 @@ def test_imports_without_sglang_and_names_what_to_install():
 
 def test_coupled_launches_parse_and_refuse_with_the_flag():
     assert bench.parse_launches("1024x4, 2048X8,") == [(1024, 4), (2048, 8)]
-    for bad, match in (("2048", "not BLOCKxWARPS"), ("1000x4", "power-of-two block"), ("1024x3", "power-of-two"),
+    for bad, match in (("2048", "not BLOCKxWARPS"), ("1000x4", "block_size must be a power of two"), ("1024x3", "num_warps must be a power of two"),
                        ("", "no launch given")):
         with pytest.raises(ValueError, match=f"--coupled-launches.*{match}"):
             bench.parse_launches(bad)
