@@ -44,7 +44,7 @@ import torch
 
 from sglang_detspec.coupled_reference import accept_and_emit
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.truncation import truncate_probs
+from sglang_detspec.integration.truncation import batch_truncates, truncate_request_rows
 
 __all__ = ["coupled_chain_verify", "coupled_target_tokens", "target_race_positions"]
 
@@ -65,19 +65,9 @@ def coupled_target_tokens(sampling_info: Any, target_probs: torch.Tensor, positi
     """
     bs, rows, vocab = target_probs.shape
     flat = target_probs.reshape(bs * rows, vocab)
-    need_min_p = bool(getattr(sampling_info, "need_min_p_sampling", False))
-    if sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling or need_min_p:
-
-        def per_row(values: torch.Tensor) -> torch.Tensor:
-            return torch.repeat_interleave(values.reshape(-1)[:bs], rows)
-
-        flat = truncate_probs(
-            flat,
-            per_row(sampling_info.top_ks),
-            per_row(sampling_info.top_ps),
-            per_row(sampling_info.min_ps) if need_min_p else None,
-            renormalize=False,  # the non-speculative race reads the kept values as they are
-        )
+    if batch_truncates(sampling_info):
+        # renormalize=False: the non-speculative race reads the kept values as they are
+        flat = truncate_request_rows(flat, sampling_info, rows, renormalize=False)
     # The race reads torch.log(flat), the op sampling_from_probs_torch runs before multinomial_with_seed; on CUDA
     # the kernel takes that log itself (bit-identical there, kernels/coupled_race.py), so no [B*(S+1), V] temporary.
     seeds = torch.repeat_interleave(sampling_info.sampling_seed.reshape(-1)[:bs].to(torch.int64), rows)

@@ -19,11 +19,11 @@ shapes, dtypes and devices only (value checks would synchronise with the host), 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
-__all__ = ["truncate_probs"]
+__all__ = ["truncate_probs", "batch_truncates", "truncate_request_rows"]
 
 
 def truncate_probs(
@@ -63,3 +63,31 @@ def truncate_probs(
         )
     # Both implementations validate shapes, dtypes and devices with the same messages.
     return implementation(probs, top_ks, top_ps, min_ps, renormalize=renormalize, out=out)
+
+
+def batch_truncates(sampling_info: Any) -> bool:
+    """Whether a row of the batch has top-k, top-p or min-p: SGLang's host-side ``need_*`` flags (no device read).
+    ``need_min_p_sampling`` is read where the release has it."""
+    return bool(sampling_info.need_top_k_sampling or sampling_info.need_top_p_sampling
+                or getattr(sampling_info, "need_min_p_sampling", False))
+
+
+def truncate_request_rows(rows: torch.Tensor, sampling_info: Any, rows_per_request: int, *,
+                          renormalize: bool) -> torch.Tensor:
+    """:func:`truncate_probs` of ``rows`` ``[B * rows_per_request, V]`` (request ``b``'s rows back to back, as a
+    verify's ``[B, steps + 1, V]`` flattens) by each request's own ``top_ks`` / ``top_ps`` / ``min_ps`` from
+    ``sampling_info`` (its first ``B`` entries: a graph runner's buffers may be longer).  Call it only when
+    :func:`batch_truncates`; min-p is applied only where ``need_min_p_sampling`` is set."""
+    bs = rows.shape[0] // rows_per_request
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        return torch.repeat_interleave(values.reshape(-1)[:bs], rows_per_request)
+
+    need_min_p = bool(getattr(sampling_info, "need_min_p_sampling", False))
+    return truncate_probs(
+        rows,
+        per_row(sampling_info.top_ks),
+        per_row(sampling_info.top_ps),
+        per_row(sampling_info.min_ps) if need_min_p else None,
+        renormalize=renormalize,
+    )

@@ -49,7 +49,7 @@ import torch
 
 from sglang_detspec.integration import scheme
 from sglang_detspec.integration.coupled_verify import coupled_chain_verify
-from sglang_detspec.integration.truncation import truncate_probs
+from sglang_detspec.integration.truncation import batch_truncates, truncate_request_rows
 from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
 
 __all__ = [
@@ -148,9 +148,7 @@ def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> torch
     later steps, where in place every step re-reads the whole row (kernels/row_truncation.py, step 3).
     ``eagle_sample`` reads ``target_probs`` only as the chain kernel's argument, so the new tensor replaces it there.
     """
-    info = site.sampling_info
-    need_min_p = bool(getattr(info, "need_min_p_sampling", False))
-    if not (info.need_top_k_sampling or info.need_top_p_sampling or need_min_p):
+    if not batch_truncates(site.sampling_info):
         return target_probs
     bs, draft_tokens, vocab = target_probs.shape
     if draft_tokens != site.draft_token_num:
@@ -158,17 +156,7 @@ def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> torch
             f"DETSPEC verify: target_probs has {draft_tokens} rows per request, expected {site.draft_token_num}"
         )
     rows = target_probs.view(bs * draft_tokens, vocab)
-
-    def per_row(values: torch.Tensor) -> torch.Tensor:
-        return torch.repeat_interleave(values.reshape(-1)[:bs], draft_tokens)
-
-    truncated = truncate_probs(
-        rows,
-        per_row(info.top_ks),
-        per_row(info.top_ps),
-        per_row(info.min_ps) if need_min_p else None,
-        renormalize=True,
-    )
+    truncated = truncate_request_rows(rows, site.sampling_info, draft_tokens, renormalize=True)
     return truncated.view(bs, draft_tokens, vocab)
 
 

@@ -148,7 +148,7 @@ def test_pure_temperature_batch_runs_upstream_unchanged(verify_on_cpu, monkeypat
     from sglang.srt.speculative.eagle_utils import eagle_sample
 
     launched = []
-    monkeypatch.setattr(verify, "truncate_probs", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(verify, "truncate_request_rows", lambda *a, **k: launched.append(1))
     params = [Params(seed=s, temperature=t) for s, t in ((1, 1.0), (2, 0.7), (3, 1.3))]
     rows = harness.verify_rows(3, N, seed=4)
     ours = _run(verify.detspec_eagle_sample, rows, params, [5, 6, 7])
