@@ -138,10 +138,10 @@ def exponential_f32(h, FAST: tl.constexpr):
     gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces.
 
     ``FAST`` (CUDA only, not the interpreter) takes ``log u`` as ``lg2.approx(u) * ln 2``: one MUFU instead of
-    libdevice's ``logf`` polynomial (about 15 FFMA per element).  The bound above already allows ``lg2.approx``'s
-    ``2**-22`` absolute error (``ln 2`` times that in ``log u``, plus the product's rounding, ``2**-24 E``), so
-    the screen's margin and exactness are unchanged; scripts/gpu_kernel_checks.py measures both forms over all
-    2**32 hashes.
+    libdevice's ``logf`` polynomial (12 FFMA per element in scripts/sass_counts.py's count).  The bound above
+    already allows ``lg2.approx``'s ``2**-22`` absolute error (``ln 2`` times that in ``log u``, plus the
+    product's rounding, ``2**-24 E``), so the screen's margin and exactness are unchanged;
+    scripts/gpu_kernel_checks.py measures both forms over all 2**32 hashes.
     """
     k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
     # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
