@@ -96,13 +96,13 @@ def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
 
 
 def resolve_fast_screen(fast_screen: Optional[bool]) -> bool:
-    """Whether stage 1 screens with ``lg2.approx``: ``fast_screen``, or by default wherever PTX runs (not under
-    the interpreter, whose NumPy cannot execute inline assembly)."""
+    """Whether stage 1 screens with PTX's ``lg2.approx`` and ``rcp.approx`` (:func:`ratio_f32`): ``fast_screen``,
+    or by default wherever PTX runs (not under the interpreter, whose NumPy cannot execute inline assembly)."""
     if fast_screen is None:
         return not INTERPRETED
     if fast_screen and INTERPRETED:
         raise ValueError("fast_screen=True needs a CUDA GPU: the Triton interpreter (TRITON_INTERPRET=1) cannot run "
-                         "the screen's lg2.approx; pass fast_screen=None or False")
+                         "the screen's lg2.approx / rcp.approx; pass fast_screen=None or False")
     return bool(fast_screen)
 
 
