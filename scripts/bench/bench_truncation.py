@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 
+from sglang_detspec.benchmark import graph_time_us  # noqa: E402
 from sglang_detspec.kernels import truncate_probs_triton  # noqa: E402
 from sglang_detspec.reference import truncate_probs_reference  # noqa: E402
 
@@ -97,33 +98,6 @@ def methods(launches, with_flashinfer: bool):
     return table
 
 
-def graph_time_us(fn, args, calls_per_graph: int, replays: int) -> float:
-    """Median per-call microseconds of CUDA-graph replays (each replay runs ``calls_per_graph`` calls)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # compile, allocator warm-up
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls_per_graph):
-            fn(*args)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls_per_graph)
-    del graph
-    return statistics.median(times)
-
-
 def parse_launches(text: str):
     launches = []
     for item in text.split(","):
@@ -163,8 +137,8 @@ def main(argv=None) -> int:
                 expected = truncate_probs_reference(*inputs, renormalize=True)
                 record = {"vocab": vocab, "rows": n, "scenario": scenario}
                 for name, fn in table.items():
-                    record[f"{name}_us"] = round(graph_time_us(fn, (*inputs, out), args.calls_per_graph,
-                                                               args.replays), 2)
+                    per_call = graph_time_us(fn, (*inputs, out), args.calls_per_graph, args.replays)
+                    record[f"{name}_us"] = round(statistics.median(per_call), 2)
                     if name.startswith("detspec"):
                         got = fn(*inputs, out)
                         record[f"{name}_mismatches"] = int((got.view(torch.int32) != expected.view(torch.int32)).sum())
