@@ -136,6 +136,16 @@ FORCED_RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL"
 #: requests are re-prefilled as upstream does, without the replay from the prompt.
 NO_REPLAY_CONTROL = Path(__file__).resolve().parent / "controls" / "no_retraction_replay"
 
+#: A test-harness-only control (tests/e2e/controls/retract_the_probe/sitecustomize.py): SGLang's retraction order with
+#: the probe (the request seeded PRESSURE_PROBE_SEED) moved first once it holds 32 output tokens, twice per request.
+#: Without it the replay's rewound fillers, having the fewest output tokens, took every forced retraction and the
+#: invariant servers' probe was never retracted (H100, 2026-12-05: 0 of 11 loaded trials, graphs on and off).
+RETRACT_PROBE_CONTROL = Path(__file__).resolve().parent / "controls" / "retract_the_probe"
+#: The probe seed of the pressure checks whose servers run RETRACT_PROBE_CONTROL (``check --seed``).
+PRESSURE_PROBE_SEED = 1234
+PROBE_RETRACT_ENV = {**FORCED_RETRACT_ENV, "DETSPEC_TEST_RETRACT_PROBE_SEED": str(PRESSURE_PROBE_SEED),
+                     "DETSPEC_TEST_RETRACT_PROBE_AFTER": "32", "DETSPEC_TEST_RETRACT_PROBE_TIMES": "2"}
+
 #: A test-harness-only control (tests/e2e/controls/upstream_target_sampler/sitecustomize.py): DETSPEC with its
 #: target sampler handing every seeded top-k / top-p / min-p batch back to SGLang's rank-keyed sorted sampler.
 UPSTREAM_SAMPLER_CONTROL = Path(__file__).resolve().parent / "controls" / "upstream_target_sampler"
@@ -259,11 +269,17 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
         # Under memory pressure (tests/e2e/test_e2e_invariant_pressure.py): the small pool and SGLang's forced
         # retraction of the pressure profile's servers, graphs on and off; and the same without the retraction
         # replay, to measure whether the invariant mode needs it (its re-prefill samples with the same key).
-        ServerSpec("invariant_forced_retract_graph", invariant + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
+        # The servers with the replay have their probe retracted on purpose (RETRACT_PROBE_CONTROL); so has the
+        # control, DETSPEC_EAGLE's rejection sampling, which must keep its tokens but not be the reference.
+        ServerSpec("invariant_forced_retract_graph", invariant + PRESSURE_ARGS,
+                   env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
         ServerSpec("invariant_forced_retract_nograph", invariant + GRAPHS_OFF + PRESSURE_ARGS,
-                   env=dict(FORCED_RETRACT_ENV)),
+                   env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
         ServerSpec("invariant_noreplay_forced_retract", invariant + PRESSURE_ARGS,
                    env=with_control(NO_REPLAY_CONTROL, FORCED_RETRACT_ENV)),
+        ServerSpec("detspec_eagle_probe_retract_graph",
+                   base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + PRESSURE_ARGS,
+                   env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
     ]
 
 

@@ -172,9 +172,10 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
 
 
 #: tests/e2e/test_e2e_invariant_pressure.py's servers besides the reference: the small pool and SGLang's forced
-#: retraction; one without the retraction replay (its control on PYTHONPATH); DETSPEC_EAGLE's as the control.
+#: retraction; one without the retraction replay (its control on PYTHONPATH); DETSPEC_EAGLE's as the control. All
+#: but the no-replay one retract the probe on purpose (e2e_harness.RETRACT_PROBE_CONTROL).
 PRESSURE_SERVERS = ("invariant_forced_retract_graph", "invariant_forced_retract_nograph",
-                    "invariant_noreplay_forced_retract", "detspec_eagle_forced_retract_graph")
+                    "invariant_noreplay_forced_retract", "detspec_eagle_probe_retract_graph")
 
 
 def test_the_pressure_e2e_test_asks_for_these_servers_and_the_harness_has_them(models_and_specs):
@@ -202,8 +203,14 @@ def test_invariant_pressure_specs_resolve_as_meant(models_and_specs, name, monke
     assert {k: spec.env.get(k) for k in h.FORCED_RETRACT_ENV} == h.FORCED_RETRACT_ENV
     graphs_off = compat.read_field(sa, "cuda_graph_backend_decode", None) == "disabled"
     assert graphs_off is name.endswith("_nograph")
-    control_on_path = str(h.NO_REPLAY_CONTROL) in spec.env.get("PYTHONPATH", "").split(os.pathsep)
-    assert control_on_path is ("noreplay" in name)
+    path = spec.env.get("PYTHONPATH", "").split(os.pathsep)
+    assert (str(h.NO_REPLAY_CONTROL) in path) is ("noreplay" in name)
+    retracts_the_probe = str(h.RETRACT_PROBE_CONTROL) in path
+    assert retracts_the_probe is ("noreplay" not in name)
+    if retracts_the_probe:  # aimed at the probe the E2E module's checks send
+        import test_e2e_invariant_pressure as e2e
+
+        assert spec.env["DETSPEC_TEST_RETRACT_PROBE_SEED"] == str(e2e.SEED)
 
 
 # ---------------------------------------------------------------------------------------------------
