@@ -54,7 +54,7 @@ from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
 from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
 from sglang_detspec.kernels.coupled_race import coupled_race, exponential_f32, gumbel_f32  # noqa: E402
-from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, ratio_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_race_probs import LAUNCH_TABLE, coupled_race_probs, ratio_f32  # noqa: E402
 
 DEV = torch.device("cuda")
 # the relative bound the kernel's exactness proof assumes for its float32 E2 and score (2**-12.7; checked
@@ -463,8 +463,9 @@ def check_coupled_parity(total_rows: int, log) -> dict:
         precise_screen_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap,
                                                        fast_screen=False) != want).sum())
         # the launch the table gives a few rows (kernels/coupled_race_probs.py LAUNCH_TABLE), on these many rows
-        small_launch_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap, block_size=1024,
-                                                     num_warps=4) != want).sum())
+        small_block, small_warps = LAUNCH_TABLE[0][1]
+        small_launch_mism += int((coupled_race_probs(probs, seeds, pos, cap_unit_uniform=cap, block_size=small_block,
+                                                     num_warps=small_warps) != want).sum())
         divide_mism += int((coupled_race(logprobs, seeds, pos, cap_unit_uniform=cap, uniform="divide") != want).sum())
         rows, batches = rows + B, batches + 1
         if batches % 50 == 0:

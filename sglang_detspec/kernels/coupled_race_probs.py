@@ -65,12 +65,14 @@ __all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "
 _RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
 _LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
 
-#: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Eight columns
-#: per thread: ptxas (sm_90a) gives stage 1 45-56 registers there, 96-112 at 16 columns and 183-241 at 32, and
-#: the per-chunk kernel this replaces used 141 at 16 (three resident programs of four warps per SM).  Small
-#: launches take narrow programs to fill the GPU (the split of seeded_draft_sample's H200-tuned LAUNCH_TABLE).
-#: Not yet timed for this kernel: scripts/bench/bench_verify_schemes.py --coupled-launches compares launches.
-LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((2.83, (1024, 4)), (float("inf"), (2048, 8)))
+#: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Timed by
+#: ``scripts/bench/bench_verify_schemes.py --coupled-launches 1024x4,2048x8,2048x4,4096x16`` on an H100 (sglang
+#: 0.5.17, 2026-12-05; V = 151,936 and 163,840, proposal and verify rows of B = 1 - 256): from 8 rows up 16 columns
+#: per thread (2048 x 4) was the fastest in all 16 cases, 7-14 % ahead of 8 (2048 x 8; 1024 x 4 within 3 % of it)
+#: and 4096 x 16 last; at 1 - 4 rows 2048 x 8 was the fastest or tied.  ptxas (sm_90a) gives stage 1 45-57
+#: registers at 8 columns and 80-96 at 16 (Triton 3.6, ``scripts/sass_counts.py``), no spills: four resident
+#: programs of four warps per SM were enough.
+LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((4.0, (2048, 8)), (float("inf"), (2048, 4)))
 #: Chunks per row at most: stage 2 reads a row's partials as one vector (V = 163,840 is 160 chunks at 1024 columns).
 MAX_CHUNKS = 4096
 

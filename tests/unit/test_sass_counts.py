@@ -37,13 +37,16 @@ def test_fast_screen_compiles_to_lg2_approx_within_the_register_budget(tmp_path)
 
     assert {(r["block"], r["warps"], r["screen"]) for r in rows} == {
         (block, warps, screen) for _, (block, warps) in LAUNCH_TABLE for screen in ("lg2.approx", "logf")}
-    by = {(r["block"], r["screen"]): r for r in rows}
-    for _, (block, _warps) in LAUNCH_TABLE:
-        fast, precise = by[(block, "lg2.approx")], by[(block, "logf")]
+    by = {(r["block"], r["warps"], r["screen"]): r for r in rows}
+    for _, (block, warps) in LAUNCH_TABLE:
+        fast, precise = by[(block, warps, "lg2.approx")], by[(block, warps, "logf")]
         assert fast["ptx_lg2_approx"] > 0 and precise["ptx_lg2_approx"] == 0
         assert fast["ffma"] < precise["ffma"], (fast, precise)  # libdevice's logf polynomial is gone
+        # 8 registers per column a thread holds: 64 at 8 columns, 128 at 16 (four resident programs of four warps
+        # per SM, LAUNCH_TABLE's comment); no spills at either
+        budget = 8 * (block // (32 * warps))
         for r in (fast, precise):
-            assert r["spill_store_bytes"] == 0 and r["registers"] <= 64, r
+            assert r["spill_store_bytes"] == 0 and r["registers"] <= budget, (budget, r)
 
 
 def test_refuses_the_interpreter_with_the_fix(tmp_path):
