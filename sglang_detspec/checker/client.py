@@ -88,6 +88,9 @@ def _root_cause(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
+#: what urllib3 says when a connection that had been opened closes before any response byte
+_DROPPED_UNANSWERED = "Connection aborted"
+
 _DNS_FAILURES = ("Name or service not known", "nodename nor servname", "Temporary failure in name resolution",
                  "No address associated with hostname", "getaddrinfo failed")
 
@@ -122,16 +125,31 @@ class Client:
     Connection errors are retried for every method (the request never reached the server, so a retried
     ``/generate`` cannot double the load); 502/503/504 are retried only for GET (a server still starting
     up), never for ``/generate``: a failing generate must surface as an error, not hide behind a retry.
+
+    Every POST gets a connection of its own, closed once its response is read. SGLang's uvicorn closes a
+    keep-alive connection after ``SGLANG_TIMEOUT_KEEP_ALIVE`` seconds idle (5 by default); a POST written on a
+    pooled connection at that instant is dropped unanswered (``RemoteDisconnected``), and a POST is not
+    retried, so reusing connections made ``check`` fail now and then under traffic whose requests take about
+    5 s (an H100 pressure run, 2026-12-05: the server answered every request it received and logged no
+    error). Sending ``Connection: close`` alone is not enough: a server that closes without saying so in its
+    answer (``http.server`` does) leaves the client's pool holding the closed connection. GETs keep the
+    pool: urllib3 retries their reads.
     """
 
     def __init__(self, url: str, *, timeout: float, api_key: str | None = None, pool_size: int = 32):
         import requests
-        from requests.adapters import HTTPAdapter
-        from urllib3.util.retry import Retry
 
         self.url = parse_server_url(url)
         self.timeout = (min(10.0, timeout), timeout)
         self._requests = requests
+        self._api_key = api_key
+        self._pool_size = max(pool_size, 2)
+        self.session = self._new_session(self._pool_size)
+
+    def _new_session(self, pool_size: int):
+        from requests.adapters import HTTPAdapter
+        from urllib3.util.retry import Retry
+
         retry = Retry(
             total=3,
             connect=3,
@@ -142,12 +160,13 @@ class Client:
             allowed_methods=frozenset({"GET"}),
             raise_on_status=False,
         )
-        adapter = HTTPAdapter(max_retries=retry, pool_connections=2, pool_maxsize=max(pool_size, 2))
-        self.session = requests.Session()
-        self.session.mount("http://", adapter)
-        self.session.mount("https://", adapter)
-        if api_key:
-            self.session.headers["Authorization"] = f"Bearer {api_key}"
+        adapter = HTTPAdapter(max_retries=retry, pool_connections=2, pool_maxsize=pool_size)
+        session = self._requests.Session()
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        if self._api_key:
+            session.headers["Authorization"] = f"Bearer {self._api_key}"
+        return session
 
     def close(self) -> None:
         self.session.close()
@@ -160,8 +179,12 @@ class Client:
 
     def request(self, method: str, path: str, **kwargs):
         requests = self._requests
+        session = self.session
+        if method == "POST":  # a fresh pool, closed at once: the connection closes when the response is released
+            session = self._new_session(1)
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Connection": "close"}
         try:
-            return self.session.request(method, self.url + path, timeout=self.timeout, **kwargs)
+            return session.request(method, self.url + path, timeout=self.timeout, **kwargs)
         except requests.exceptions.ConnectTimeout as e:
             raise ServerUnreachable(f"cannot connect to {self.url}: connection timed out") from e
         except requests.exceptions.ConnectionError as e:
@@ -169,6 +192,10 @@ class Client:
             reason = _root_cause(e)
             if "Read timed out" in str(e):
                 raise self._timed_out(path) from e
+            if method == "POST" and _DROPPED_UNANSWERED in str(e):  # it reached the server: not "unreachable"
+                raise CliError(f"{self.url}{path}: the server closed the connection without answering: {reason}; "
+                               "its log says why (a crash, an out-of-memory kill, or a proxy in between timing "
+                               "out)") from e
             if any(marker in str(e) or marker in reason for marker in _DNS_FAILURES):
                 host = urllib.parse.urlsplit(self.url).hostname
                 raise ServerUnreachable(f"cannot connect to {self.url}: the host name {host!r} does not resolve "
@@ -180,6 +207,9 @@ class Client:
             raise self._timed_out(path) from e
         except requests.exceptions.RequestException as e:
             raise CliError(f"request to {self.url}{path} failed: {_root_cause(e)}") from e
+        finally:
+            if session is not self.session:
+                session.close()
 
     def _generate_error(self, resp) -> CliError:
         return CliError(f"{self.url}/generate answered HTTP {resp.status_code}: {_error_message(resp)}")
