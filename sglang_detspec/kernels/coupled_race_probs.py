@@ -69,9 +69,10 @@ _LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
 #: ``scripts/bench/bench_verify_schemes.py --coupled-launches 1024x4,2048x8,2048x4,4096x16`` on an H100 (sglang
 #: 0.5.17, 2026-12-05; V = 151,936 and 163,840, proposal and verify rows of B = 1 - 256): from 8 rows up 16 columns
 #: per thread (2048 x 4) was the fastest in all 16 cases, 7-14 % ahead of 8 (2048 x 8; 1024 x 4 within 3 % of it)
-#: and 4096 x 16 last; at 1 - 4 rows 2048 x 8 was the fastest or tied.  ptxas (sm_90a) gives stage 1 45-57
-#: registers at 8 columns and 80-96 at 16 (Triton 3.6, ``scripts/sass_counts.py``), no spills: four resident
-#: programs of four warps per SM were enough.
+#: and 4096 x 16 last; at 1 - 4 rows 2048 x 8 was the fastest or tied.  The kept repeat with this table
+#: (``--coupled-launches 2048x8,2048x4``, docs/coupled_launches_h100.csv): 2048 x 8 took 1.06-1.15x as long from 8
+#: rows up.  ptxas (sm_90a) gives stage 1 48-56 registers at 8 columns and 80-96 at 16 (Triton 3.6,
+#: ``scripts/sass_counts.py``), no spills: four resident programs of four warps per SM were enough.
 LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((4.0, (2048, 8)), (float("inf"), (2048, 4)))
 #: Chunks per row at most: stage 2 reads a row's partials as one vector (V = 163,840 is 160 chunks at 1024 columns).
 MAX_CHUNKS = 4096
