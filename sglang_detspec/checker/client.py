@@ -129,8 +129,8 @@ class Client:
     Every POST gets a connection of its own, closed once its response is read. SGLang's uvicorn closes a
     keep-alive connection after ``SGLANG_TIMEOUT_KEEP_ALIVE`` seconds idle (5 by default); a POST written on a
     pooled connection at that instant is dropped unanswered (``RemoteDisconnected``), and a POST is not
-    retried, so reusing connections made ``check`` fail now and then under traffic whose requests take about
-    5 s (an H100 pressure run, 2026-12-05: the server answered every request it received and logged no
+    retried, so reusing connections can fail ``check`` under traffic whose requests take about 5 s (the
+    likely cause of an H100 pressure run's ``RemoteDisconnected``, 2026-12-05, while the server logged no
     error). Sending ``Connection: close`` alone is not enough: a server that closes without saying so in its
     answer (``http.server`` does) leaves the client's pool holding the closed connection. GETs keep the
     pool: urllib3 retries their reads.
