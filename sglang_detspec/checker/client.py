@@ -143,8 +143,7 @@ class Client:
         self.timeout = (min(10.0, timeout), timeout)
         self._requests = requests
         self._api_key = api_key
-        self._pool_size = max(pool_size, 2)
-        self.session = self._new_session(self._pool_size)
+        self.session = self._new_session(max(pool_size, 2))
 
     def _new_session(self, pool_size: int):
         from requests.adapters import HTTPAdapter

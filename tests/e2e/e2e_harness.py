@@ -137,7 +137,7 @@ FORCED_RETRACT_ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL"
 NO_REPLAY_CONTROL = Path(__file__).resolve().parent / "controls" / "no_retraction_replay"
 
 #: A test-harness-only control (tests/e2e/controls/retract_the_probe/sitecustomize.py): SGLang's retraction order with
-#: the probe (the request seeded PRESSURE_PROBE_SEED) moved first once it holds 32 output tokens, twice per request.
+#: the probe (the request seeded PRESSURE_PROBE_SEED) retracted first once it holds 32 output tokens, twice per request.
 #: Without it the replay's rewound fillers, having the fewest output tokens, took every forced retraction and the
 #: invariant servers' probe was never retracted (H100, 2026-12-05: 0 of 11 loaded trials, graphs on and off).
 RETRACT_PROBE_CONTROL = Path(__file__).resolve().parent / "controls" / "retract_the_probe"
