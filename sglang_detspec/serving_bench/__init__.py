@@ -52,9 +52,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                           f"(default: {d.seed})")
     p.add_argument("--quick", action="store_true",
                    help="concurrencies 1,32, 2 prompts per concurrency, 128 output tokens (explicit options win)")
-    p.add_argument("--start", choices=("parallel", "sequential"), default="parallel",
-                   help="start the servers side by side (then measure each alone), or one at a time "
+    p.add_argument("--start", choices=("parallel", "sequential"), default="sequential",
+                   help="start each server when its turn comes, alone on the GPU, or all side by side first (then "
+                        "measure each alone; faster, but neighbours loading beside a server can change its KV sizing) "
                         "(default: %(default)s)")
+    p.add_argument("--repetitions", type=int, default=None,
+                   help=f"measured runs per configuration and concurrency, after one calibration run; the table "
+                        f"gives the median and the min - max (default: {d.repetitions})")
+    p.add_argument("--min-seconds", type=float, default=None,
+                   help=f"measured traffic per point, summed over its repetitions: the calibration run's rate sizes "
+                        f"each repetition (default: {d.min_seconds:g})")
+    p.add_argument("--pair", choices=tuple(PAIRS), default="midsize",
+                   help="the synthetic pair: midsize (hidden 2048, 16 layers, vocab 32,000, 0.9 B) or llama8b "
+                        "(Llama-3-8B's shapes: hidden 4096, 32 layers, 32/8 heads, MLP 14336, vocab 128,256); "
+                        "--hidden/--layers/--vocab change it (default: %(default)s)")
     p.add_argument("--breakdown", action="store_true",
                    help="one more DETSPEC_EAGLE server with a timing hook (graphs off, synchronised): mean ms per "
                         "decode step in draft forward, draft sampling, verify forward, verify sampling, bookkeeping")
@@ -73,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
     values = dict(_configs.QUICK) if args.quick else {}
     for name in ("configs", "concurrencies", "prompts_per_concurrency", "input_len", "output_len", "temperature",
-                 "seed", "breakdown_concurrency"):
+                 "seed", "breakdown_concurrency", "repetitions", "min_seconds"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     values["parallel_start"] = args.start == "parallel"
@@ -81,10 +92,18 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
     return _configs.BenchSettings(**values).validate()
 
 
+#: The benchmark's pairs: (hidden, layers, query heads, kv heads, MLP, vocab) of the target.
+PAIRS = {"midsize": (2048, 16, 16, 8, 5632, 32000), "llama8b": (4096, 32, 32, 8, 14336, 128256)}
+
+
 def shape_from_args(args: argparse.Namespace):
     from sglang_detspec.midsize_models import MidsizeShape
 
-    base = MidsizeShape()
+    hidden, layers, heads, kv_heads, intermediate, vocab = PAIRS[getattr(args, "pair", None) or "midsize"]
+    base = MidsizeShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
+                        vocab=vocab)
+    if args.hidden is None and args.layers is None and args.vocab is None:
+        return base
     hidden = args.hidden or base.hidden
     # Heads of 128 like the default; the MLP keeps the default's 2.75 x hidden (rounded to 256).
     heads = max(1, hidden // 128)

@@ -9,6 +9,11 @@ concurrency. Before a run it POSTs ``/set_internal_state`` with no change to ``r
 speculation counters, so the ``accept_length`` bench_serving reads afterwards is that run's. A run that raises is
 reported and the next one still runs.
 
+An entry with ``"repetitions": R`` (and ``"min_seconds"``, ``"concurrency"``, ``"output_file"``) is a measured point:
+its argv runs once as a calibration (warm-up included, discarded by the reader), then R more times with
+``--num-prompts`` sized from the calibration's duration (:func:`..configs.repetition_prompts`) so that the R runs
+together last at least ``min_seconds``. ``output_file`` then holds 1 + R lines; the last R are the measurement.
+
 ``bench_serving`` imports every dataset module at start-up, some with dependencies only they use (HF ``datasets``
 for MMMU, ``PIL`` for images) that a serving machine may lack; the benchmark uses ``random-ids`` alone, so a dataset
 module that fails on one of :data:`DATASET_ONLY_MODULES` is replaced by a stub whose names raise if called (and the
@@ -88,6 +93,59 @@ def _reset(url: str) -> bool:
         return False
 
 
+def _run_once(cli_main, argv) -> bool:
+    """One bench_serving run; False if it failed (reported)."""
+    print(f"[bench-serve client] $ python -m sglang.bench_serving {' '.join(argv)}", flush=True)
+    sys.argv = ["sglang.bench_serving", *argv]
+    try:
+        cli_main()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            print(f"[bench-serve client] bench_serving exited {e.code}", flush=True)
+            return False
+    except Exception:
+        traceback.print_exc()
+        return False
+    finally:
+        sys.stdout.flush()
+    return True
+
+
+def _with_num_prompts(argv, n: int):
+    argv = list(argv)
+    argv[argv.index("--num-prompts") + 1] = str(n)
+    return argv
+
+
+def _last_duration(path) -> float:
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    return float(json.loads(lines[-1])["duration"])
+
+
+def _run_point(cli_main, run) -> int:
+    """A measured point: the calibration run, then ``repetitions`` sized runs; returns the number of failed runs."""
+    from sglang_detspec.serving_bench.configs import BenchSettings, repetition_prompts
+
+    reset_url = run.get("reset_url")
+    print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
+    if not _run_once(cli_main, run["argv"]):
+        return 1 + run["repetitions"]
+    calibration_n = int(run["argv"][run["argv"].index("--num-prompts") + 1])
+    settings = BenchSettings(repetitions=run["repetitions"], min_seconds=run["min_seconds"])
+    try:
+        n = repetition_prompts(calibration_n, _last_duration(run["output_file"]), settings, run["concurrency"])
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        print(f"[bench-serve client] no calibration result ({e}); repetitions keep {calibration_n} requests", flush=True)
+        n = calibration_n
+    print(f"[bench-serve client] {run['repetitions']} repetitions of {n} requests", flush=True)
+    failed = 0
+    for _ in range(run["repetitions"]):
+        print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
+        failed += not _run_once(cli_main, _with_num_prompts(run["argv"], n))
+    return failed
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cli_main, stubbed = import_cli_main()
@@ -102,20 +160,12 @@ def main(argv=None) -> int:
 
     failed = 0
     for run in runs:
+        if run.get("repetitions"):
+            failed += _run_point(cli_main, run)
+            continue
         reset = _reset(run["reset_url"]) if run.get("reset_url") else None
-        print(f"[bench-serve client] $ python -m sglang.bench_serving {' '.join(run['argv'])}", flush=True)
         print(f"[bench-serve client] counters reset: {reset}", flush=True)
-        sys.argv = ["sglang.bench_serving", *run["argv"]]
-        try:
-            cli_main()
-        except SystemExit as e:
-            if e.code not in (0, None):
-                failed += 1
-                print(f"[bench-serve client] bench_serving exited {e.code}", flush=True)
-        except Exception:
-            failed += 1
-            traceback.print_exc()
-        sys.stdout.flush()
+        failed += not _run_once(cli_main, run["argv"])
     return 1 if failed else 0
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
-           "parse_configs", "parse_concurrencies", "num_prompts", "server_args", "bench_serving_command",
-           "estimate_seconds"]
+           "parse_configs", "parse_concurrencies", "num_prompts", "repetition_prompts", "server_args",
+           "bench_serving_command", "estimate_seconds"]
 
 SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
@@ -29,6 +29,7 @@ class BenchConfig:
     extra_args: Tuple[str, ...] = ()
     unavailable: Optional[str] = None
     opt_in: bool = False  # run only when named in --configs
+    env: Tuple[Tuple[str, str], ...] = ()  # the server's extra environment (e.g. which batch-invariant kernels)
 
     def speculative_args(self, draft: Path) -> List[str]:
         if self.algorithm is None:
@@ -52,6 +53,14 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # acceptance is being measured; like no_spec_fast it runs after DETSPEC.
     BenchConfig("detspec_invariant", "DETSPEC_EAGLE_INVARIANT (deterministic, same tokens as no speculation)",
                 "DETSPEC_EAGLE_INVARIANT", False, True, False, opt_in=True),
+    # DETSPEC_EAGLE on SGLang's own deterministic kernels (SGLANG_DETSPEC_OPS=sglang): what the plugin's
+    # batch-invariant GEMM and RMSNorm gain, measured in the same run. Opt-in.
+    BenchConfig("detspec_sglang_ops", "DETSPEC_EAGLE on SGLang's deterministic kernels", "DETSPEC_EAGLE", False, True,
+                False, opt_in=True, env=(("SGLANG_DETSPEC_OPS", "sglang"),)),
+    # No speculation on the plugin's kernels: the token-id reference server (SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1), i.e.
+    # deterministic decoding with the plugin installed and nothing speculative. Opt-in.
+    BenchConfig("no_spec_plugin_ops", "no speculation (deterministic, the plugin's kernels)", None, False, True, False,
+                opt_in=True, env=(("SGLANG_DETSPEC_TOKEN_ID_SAMPLER", "1"),)),
 )
 DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None and not c.opt_in)
 
@@ -102,13 +111,19 @@ class BenchSettings:
     output_len: int = 256
     temperature: float = 1.0
     seed: int = 42
-    parallel_start: bool = True
+    parallel_start: bool = False  # sequential starts: each server loads alone on the GPU
     breakdown: bool = False
     breakdown_concurrency: int = 8
+    repetitions: int = 3  # measured runs per (configuration, concurrency); the table gives median and min - max
+    min_seconds: float = 20.0  # measured traffic per point, summed over its repetitions (a calibration run sizes them)
 
     def validate(self) -> "BenchSettings":
         if min(self.prompts_per_concurrency, self.input_len, self.output_len) < 1:
             raise ValueError("--num-prompts-per-concurrency, --input-len and --output-len must be at least 1")
+        if self.repetitions < 1:
+            raise ValueError(f"--repetitions must be at least 1, got {self.repetitions}")
+        if not 0 <= self.min_seconds <= 3600:
+            raise ValueError(f"--min-seconds must be between 0 and 3600, got {self.min_seconds}")
         if self.temperature <= 0:
             raise ValueError("--temperature must be positive: greedy decoding needs no rejection sampling")
         if self.breakdown_concurrency < 1:
@@ -124,13 +139,30 @@ class BenchSettings:
         return self.input_len + self.output_len + 64  # room for the draft tokens of the last verify
 
 
-#: ``--quick``: two concurrencies, shorter outputs, two waves.
-QUICK = dict(concurrencies=(1, 32), prompts_per_concurrency=2, output_len=128)
+#: ``--quick``: two concurrencies, shorter outputs, two waves, one repetition of at least 5 s.
+QUICK = dict(concurrencies=(1, 32), prompts_per_concurrency=2, output_len=128, repetitions=1, min_seconds=5.0)
 MIN_PROMPTS = 8
 
 
 def num_prompts(settings: BenchSettings, concurrency: int) -> int:
+    """Requests of the calibration run at ``concurrency`` (the measured repetitions are sized from its duration)."""
     return max(settings.prompts_per_concurrency * concurrency, MIN_PROMPTS)
+
+
+#: A measured repetition never sends more than this many times the calibration run's requests.
+MAX_SCALE = 64
+
+
+def repetition_prompts(calibration_prompts: int, calibration_s: float, settings: BenchSettings, concurrency: int) -> int:
+    """Requests per measured repetition so that the repetitions together last at least ``settings.min_seconds``:
+    the calibration run's rate scaled to ``min_seconds / repetitions``, in whole waves of ``concurrency``, at least
+    the calibration's own count and at most :data:`MAX_SCALE` times it."""
+    per_rep_s = settings.min_seconds / settings.repetitions
+    if calibration_s <= 0:
+        return calibration_prompts
+    wanted = calibration_prompts * per_rep_s / calibration_s * 1.1  # 10 % margin: the calibration includes warm-up
+    waves = -(-int(min(max(wanted, calibration_prompts), calibration_prompts * MAX_SCALE)) // concurrency)
+    return max(waves * concurrency, calibration_prompts)
 
 
 def server_args(config: BenchConfig, target: Path, draft: Path, settings: BenchSettings, *,
@@ -196,6 +228,7 @@ def estimate_seconds(settings: BenchSettings) -> float:
         return _CLIENT_OVERHEAD_S + waves * settings.output_len * step * factor
 
     total = _GENERATE_S + start
-    total += sum(run_s(c, n) for c, n in runs) * len(settings.configs)
+    measured = max(settings.min_seconds, _CLIENT_OVERHEAD_S * settings.repetitions)
+    total += sum(run_s(c, n) + measured for c, n in runs) * len(settings.configs)
     total += sum(run_s(c, n, 3.0) for c, n in runs_breakdown)  # eager and synchronised: slower
     return total + (_CLIENT_IMPORT_S + 10.0) * servers  # client start-up, stopping the server

@@ -15,11 +15,20 @@ import json
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence
 
-__all__ = ["RunResult", "parse_bench_serving_line", "read_bench_serving_file", "compute_ratios", "write_csv",
-           "write_json", "write_plot", "format_table", "format_ratios", "GOALS", "CSV_FIELDS"]
+__all__ = ["RunResult", "parse_bench_serving_line", "read_bench_serving_file", "read_repetitions", "compute_ratios",
+           "ratio_spread", "write_csv", "write_json", "write_plot", "format_table", "format_ratios", "GOALS",
+           "SUBJECT_GOALS", "SUBJECTS", "CSV_FIELDS"]
 
-#: The issue's goals for DETSPEC_EAGLE's output throughput over each built-in configuration (reported, not enforced).
-GOALS = {"eagle_rs": 0.97, "eagle_det": 1.5}
+#: Throughput goals, reported and never enforced: subject -> built-in configuration -> (lowest ratio of the
+#: subject's output tokens/s to the built-in's, the concurrencies the goal is for or None for every one).
+SUBJECT_GOALS = {
+    "detspec": {"eagle_rs": (0.97, None), "eagle_det": (1.5, None), "no_spec_fast": (1.2, (1, 8))},
+    "no_spec_plugin_ops": {"no_spec_fast": (0.90, None)},
+}
+#: DETSPEC_EAGLE's goals over each built-in configuration (at every concurrency they apply to).
+GOALS = {b: goal for b, (goal, _) in SUBJECT_GOALS["detspec"].items()}
+#: Subjects whose ratios to the built-in configurations a run reports, when measured.
+SUBJECTS = ("detspec", "detspec_invariant", "detspec_sglang_ops", "no_spec_plugin_ops")
 
 _FIELDS = {  # our name: bench_serving's key
     "output_tok_s": "output_throughput",
@@ -32,7 +41,10 @@ _FIELDS = {  # our name: bench_serving's key
     "duration_s": "duration",
     "total_output_tokens": "total_output_tokens",
 }
-CSV_FIELDS = ["config", "concurrency", "num_prompts", *_FIELDS, "error"]
+CSV_FIELDS = ["config", "concurrency", "num_prompts", *_FIELDS, "repetitions", "output_tok_s_min",
+              "output_tok_s_max", "error"]
+#: Fields whose median over a point's repetitions is the point's value.
+_MEDIAN_FIELDS = ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "accept_length")
 
 
 class RunResult(dict):
@@ -65,14 +77,48 @@ def read_bench_serving_file(path: Path, **kw) -> RunResult:
     return parse_bench_serving_line(lines[-1], **kw)
 
 
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def read_repetitions(path: Path, repetitions: int, *, config: str, concurrency: int,
+                     calibration_prompts: int) -> RunResult:
+    """A measured point written by the client's calibrated mode: ``path`` holds the calibration run then
+    ``repetitions`` runs of equal size. Returns one row: the median of each of :data:`_MEDIAN_FIELDS` over the
+    repetitions, the min and max output tokens/s, the summed duration and output tokens. ``error`` is set when a
+    run is missing, failed, or completed fewer requests than the others."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    if len(lines) < 1 + repetitions:
+        raise ValueError(f"{path} holds {max(len(lines) - 1, 0)} measured runs of {repetitions} (after the "
+                         f"calibration run)")
+    lines = lines[-repetitions:]
+    completed = [json.loads(ln).get("completed") or 0 for ln in lines]
+    size = max(max(completed), calibration_prompts)
+    reps = [parse_bench_serving_line(ln, config=config, concurrency=concurrency, num_prompts=size) for ln in lines]
+    row = RunResult(config=config, concurrency=concurrency, num_prompts=size, repetitions=repetitions,
+                    error="; ".join(dict.fromkeys(r["error"] for r in reps if r["error"])))
+    for f in _MEDIAN_FIELDS:
+        values = [r[f] for r in reps if r[f] is not None]
+        row[f] = _median(values) if values else None
+    row["output_tok_s_min"] = min(r["output_tok_s"] for r in reps)
+    row["output_tok_s_max"] = max(r["output_tok_s"] for r in reps)
+    row["duration_s"] = sum(r["duration_s"] for r in reps)
+    row["completed"] = sum(r["completed"] for r in reps)
+    row["total_output_tokens"] = sum(r["total_output_tokens"] for r in reps)
+    return row
+
+
 def _usable(row: Optional[Mapping]) -> bool:
     return bool(row) and not row.get("error") and bool(row.get("output_tok_s"))
 
 
 def compute_ratios(rows: Sequence[Mapping], *, subject: str = "detspec",
-                   builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det", "no_spec_fast")) -> Dict[str, Dict[int, Optional[float]]]:
+                   builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det", "no_spec_fast"),
+                   field: str = "output_tok_s", over: str = "output_tok_s") -> Dict[str, Dict[int, Optional[float]]]:
     """``{builtin: {concurrency: subject's output tokens/s / builtin's}}`` for every built-in measured in the same
-    run; None where either run failed."""
+    run; None where either run failed. ``field`` / ``over`` pick other columns (the spread uses the min / max)."""
     by = {(r["config"], r["concurrency"]): r for r in rows}
     present = {r["config"] for r in rows}
     out: Dict[str, Dict[int, Optional[float]]] = {}
@@ -85,8 +131,17 @@ def compute_ratios(rows: Sequence[Mapping], *, subject: str = "detspec",
         out[b] = {}
         for c in concurrencies:
             s, d = by.get((subject, c)), by.get((b, c))
-            out[b][c] = s["output_tok_s"] / d["output_tok_s"] if _usable(s) and _usable(d) else None
+            usable = _usable(s) and _usable(d) and s.get(field) and d.get(over)
+            out[b][c] = s[field] / d[over] if usable else None
     return out
+
+
+def ratio_spread(rows: Sequence[Mapping], *, subject: str = "detspec") -> Dict[str, Dict[int, Optional[tuple]]]:
+    """``{builtin: {concurrency: (lowest, highest)}}``: the subject's slowest repetition over the built-in's fastest,
+    and its fastest over the built-in's slowest -- the range the medians' ratio could move within."""
+    low = compute_ratios(rows, subject=subject, field="output_tok_s_min", over="output_tok_s_max")
+    high = compute_ratios(rows, subject=subject, field="output_tok_s_max", over="output_tok_s_min")
+    return {b: {c: (low[b][c], high[b][c]) if low[b][c] is not None else None for c in low[b]} for b in low}
 
 
 def write_csv(path: Path, rows: Sequence[Mapping]) -> None:
@@ -153,14 +208,20 @@ def format_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
-def format_ratios(ratios: Mapping[str, Mapping[int, Optional[float]]], subject: str = "detspec") -> str:
+def format_ratios(ratios: Mapping[str, Mapping[int, Optional[float]]], subject: str = "detspec",
+                  spread: Optional[Mapping[str, Mapping[int, Optional[tuple]]]] = None) -> str:
     lines = []
+    goals = SUBJECT_GOALS.get(subject, {})
     for b, per_c in ratios.items():
-        goal = GOALS.get(b)
+        goal, applies = goals.get(b, (None, None))
         cells = []
         for c, v in per_c.items():
-            mark = "" if goal is None or v is None else (" ok" if v >= goal else " BELOW GOAL")
-            cells.append(f"c={c}: {_fmt(v, '.3f')}{mark}")
-        goal_text = f" (goal >= {goal})" if goal is not None else ""
+            judged = goal is not None and v is not None and (applies is None or c in applies)
+            mark = (" ok" if v >= goal else " BELOW GOAL") if judged else ""
+            rng = (spread or {}).get(b, {}).get(c)
+            rng_text = f" [{rng[0]:.3f}-{rng[1]:.3f}]" if rng else ""
+            cells.append(f"c={c}: {_fmt(v, '.3f')}{rng_text}{mark}")
+        where = "" if applies is None else " at c = " + ", ".join(map(str, applies))
+        goal_text = f" (goal >= {goal}{where})" if goal is not None else ""
         lines.append(f"{subject} / {b}{goal_text}: " + ", ".join(cells))
     return "\n".join(lines)

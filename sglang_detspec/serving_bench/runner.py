@@ -70,7 +70,7 @@ def _specs(settings: cfgs.BenchSettings, pair, out: Path) -> Dict[str, server_pr
     for name in settings.configs:
         c = cfgs.config_by_name(name)
         specs[name] = server_process.ServerSpec(name, cfgs.server_args(c, pair.target, pair.eagle_draft, settings,
-                                                                       mem_fraction=mem), env=dict(env))
+                                                                       mem_fraction=mem), env=dict(env, **dict(c.env)))
     if settings.breakdown:
         hook_dir = out / "step_timing_hook"
         hook_dir.mkdir(parents=True, exist_ok=True)
@@ -94,11 +94,14 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
         files[c] = work / f"{name}-c{c}.jsonl"
         files[c].unlink(missing_ok=True)
         argv = cfgs.bench_serving_command(sys.executable, server.port, pair.target, settings, c, files[c])[3:]
-        runs.append({"argv": argv, "reset_url": server.base_url})
+        runs.append({"argv": argv, "reset_url": server.base_url, "repetitions": settings.repetitions,
+                     "min_seconds": settings.min_seconds, "concurrency": c, "output_file": str(files[c])})
     (work / f"{name}-runs.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     log = work / f"{name}.log"
-    # Generous: 60 s per run of client start and warm-up, then 50 ms per generated token of every wave.
-    timeout = sum(60 + -(-cfgs.num_prompts(settings, c) // c) * settings.output_len * 0.05 for c in concurrencies)
+    # Generous: 60 s per calibration run of client start and warm-up plus 50 ms per generated token of every wave,
+    # then the repetitions' measured time three times over (a repetition is sized to last min_seconds / repetitions).
+    timeout = sum(60 + -(-cfgs.num_prompts(settings, c) // c) * settings.output_len * 0.05
+                  + 3 * settings.min_seconds + 30 * settings.repetitions for c in concurrencies)
     t0 = time.time()
     try:
         with open(log, "w") as f:
@@ -109,17 +112,20 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
     except subprocess.TimeoutExpired:
         why = f"bench_serving client timed out after {timeout:.0f} s"
     resets = log.read_text(errors="replace").count("counters reset: True")
+    expected_resets = len(concurrencies) * (1 + settings.repetitions)
     rows = []
     for c in concurrencies:
         n = cfgs.num_prompts(settings, c)
         try:
-            row = results.read_bench_serving_file(files[c], config=name, concurrency=c, num_prompts=n)
+            row = results.read_repetitions(files[c], settings.repetitions, config=name, concurrency=c,
+                                           calibration_prompts=n)
         except (OSError, ValueError) as e:
             tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])
             row = results.RunResult(config=name, concurrency=c, num_prompts=n, error=f"{why}: {e}; {tail[-300:]}")
-        if resets < len(concurrencies) and row.get("accept_length") is not None:
+        if resets < expected_resets and row.get("accept_length") is not None:
             row["accept_length_cumulative"] = True  # a reset failed: some accept lengths are server averages
-        _log(f"{name} c={c}: {row.get('output_tok_s') or 0:.1f} tok/s, accept {row.get('accept_length') or '-'}"
+        _log(f"{name} c={c}: {row.get('output_tok_s') or 0:.1f} tok/s (median of {settings.repetitions}), accept "
+             f"{row.get('accept_length') or '-'}"
              f"{'  ERROR ' + row['error'] if row['error'] else ''}")
         rows.append(row)
     _log(f"{name}: {len(concurrencies)} runs in {time.time() - t0:.0f} s (log {log})")
@@ -255,14 +261,16 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
 
 
 def _report(settings, out: Path, shape, rows, startup, breakdown, gen_s: float, wall_s: float) -> int:
-    ratios = results.compute_ratios(rows)
+    subjects = [x for x in results.SUBJECTS if x in settings.configs]
+    ratios = {x: results.compute_ratios(rows, subject=x) for x in subjects}
+    spreads = {x: results.ratio_spread(rows, subject=x) for x in subjects}
     labels = {c.name: c.label for c in cfgs.CONFIGS}
     version = server_process.sglang_version()
     results.write_csv(out / "bench_serve.csv", rows)
     document = {
         "sglang": version, "shape": dataclasses.asdict(shape), "settings": dataclasses.asdict(settings),
-        "configs": {n: labels[n] for n in settings.configs}, "rows": rows, "ratios_detspec_over": ratios,
-        "goals": results.GOALS, "startup_s": startup, "pair_generation_s": gen_s, "breakdown": breakdown,
+        "configs": {n: labels[n] for n in settings.configs}, "rows": rows, "ratios_detspec_over": ratios.get("detspec", {}),
+        "ratios": ratios, "ratio_spreads": spreads, "goals": results.SUBJECT_GOALS, "startup_s": startup, "pair_generation_s": gen_s, "breakdown": breakdown,
         "wall_s": round(wall_s, 1),
     }
     results.write_json(out / "bench_serve.json", document)
@@ -275,7 +283,8 @@ def _report(settings, out: Path, shape, rows, startup, breakdown, gen_s: float, 
         plot = f"not written ({e}; pip install matplotlib)"
     print(title)
     print(results.format_table(rows))
-    print(results.format_ratios(ratios))
+    for x in subjects:
+        print(results.format_ratios(ratios[x], subject=x, spread=spreads[x]))
     if breakdown is not None:
         print(format_breakdown(breakdown))
     print(f"results: {out / 'bench_serve.csv'}, {out / 'bench_serve.json'}, plot {plot}; wall {wall_s:.0f} s")

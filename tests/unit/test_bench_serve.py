@@ -59,7 +59,8 @@ def test_settings_defaults_quick_and_explicit_options(capsys):
 
     s = serving_bench.settings_from_args(parser.parse_args(["bench-serve", "--out", "x"]))
     assert s.concurrencies == (1, 8, 32, 128) and s.configs == ("no_spec", "eagle_rs", "eagle_det", "detspec")
-    assert s.parallel_start and not s.breakdown and s.temperature == 1.0
+    assert not s.parallel_start and not s.breakdown and s.temperature == 1.0
+    assert s.repetitions == 3 and s.min_seconds == 20.0
     q = serving_bench.settings_from_args(parser.parse_args(["bench-serve", "--out", "x", "--quick",
                                                             "--output-len", "64", "--configs", "detspec,no_spec"]))
     assert q.concurrencies == (1, 32) and q.prompts_per_concurrency == 2
@@ -401,7 +402,7 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
         return [_row(name, c, speed[name] * c) for c in concurrencies]
 
     runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=("eagle_det",))
-    settings = cfgs.BenchSettings(concurrencies=(1, 8), breakdown=True)
+    settings = cfgs.BenchSettings(concurrencies=(1, 8), breakdown=True, parallel_start=True)
     rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 1, "a server that did not start makes the run fail"
     names = list(settings.configs) + [runner.BREAKDOWN]
@@ -435,7 +436,7 @@ def test_a_server_that_failed_beside_the_others_is_measured_after_its_retry(tmp_
         return [_row(name, c, 100.0 * c) for c in concurrencies]
 
     runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_first_start=("eagle_det",))
-    settings = cfgs.BenchSettings(concurrencies=(1, 8))
+    settings = cfgs.BenchSettings(concurrencies=(1, 8), parallel_start=True)
     rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 0
     assert events.count(("start", "eagle_det")) == 2 and ("measure", "eagle_det") in events
@@ -455,7 +456,7 @@ def test_an_interrupted_run_reports_what_it_measured(tmp_path, monkeypatch, caps
         return [_row(name, c, 100.0 * c) for c in concurrencies]
 
     runner, midsize_models = _fake_run(monkeypatch, tmp_path, events, fake_clients)
-    settings = cfgs.BenchSettings(concurrencies=(1, 8))
+    settings = cfgs.BenchSettings(concurrencies=(1, 8), parallel_start=True)
     rc = runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 1
     rows = {(r["config"], r["concurrency"]): r for r in csv.DictReader(open(tmp_path / "out" / "bench_serve.csv"))}
