@@ -168,12 +168,12 @@ def _batch_invariant_matmul_kernel(
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(0, tl.cdiv(K, BLOCK_K)):
+    for k_start in range(0, K, BLOCK_K):
         if EVEN_K:  # K is whole slices (a property of the weight, not of M): no mask to compute
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            k_left = K - ki * BLOCK_K
+            k_left = K - k_start
             a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
@@ -194,11 +194,18 @@ def _batch_invariant_matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
-def _max_offset(t: torch.Tensor, padded_cols: Optional[int] = None) -> int:
-    """The largest element offset the kernel forms for ``t`` (columns padded to whole K slices)."""
-    rows, cols = t.shape
-    cols = cols if padded_cols is None else padded_cols
-    return max(rows - 1, 0) * abs(t.stride(0)) + max(cols - 1, 0) * abs(t.stride(1))
+def _max_offset(t: torch.Tensor, padded_cols: int) -> int:
+    """The largest element offset the kernel forms for ``t`` ``[rows, K]``, K padded to ``padded_cols``."""
+    return max(t.shape[0] - 1, 0) * abs(t.stride(0)) + max(padded_cols - 1, 0) * abs(t.stride(1))
+
+
+def _int64_flags(a: torch.Tensor, b: torch.Tensor, config: GemmConfig) -> Tuple[bool, bool, bool]:
+    """``(A_LARGE, B_LARGE, C_LARGE)``: which operands need int64 offsets (any that can reach 2**31 elements)."""
+    M, K = a.shape
+    N = b.shape[1]
+    padded_k = triton.cdiv(max(K, 1), config.block_k) * config.block_k
+    padded_m = triton.cdiv(M, config.block_m) * config.block_m
+    return (_max_offset(a, padded_k) >= 2**31, _max_offset(b.t(), padded_k) >= 2**31, padded_m * N >= 2**31)
 
 
 def _validate(a, b, bias, out_dtype) -> None:
@@ -238,16 +245,14 @@ def _launch(a, b, bias, out_dtype, config: GemmConfig) -> torch.Tensor:
     c = torch.empty((M, N), dtype=store_dtype, device=a.device)
     if M == 0 or N == 0:
         return c.to(out_dtype)
-    padded_k = triton.cdiv(max(K, 1), config.block_k) * config.block_k
+    a_large, b_large, c_large = _int64_flags(a, b, config)
     grid = (config.programs(M, N),)
     _batch_invariant_matmul_kernel[grid](
         a, b, c, bias if bias is not None else c,  # bias_ptr is never read without HAS_BIAS
         M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_SIZE_M=config.group_size_m,
-        A_LARGE=_max_offset(a, padded_k) >= 2**31,
-        B_LARGE=_max_offset(b.t(), padded_k) >= 2**31,
-        C_LARGE=(triton.cdiv(M, config.block_m) * config.block_m) * N >= 2**31,
+        A_LARGE=a_large, B_LARGE=b_large, C_LARGE=c_large,
         HAS_BIAS=bias is not None,
         EVEN_K=K % config.block_k == 0,
         UPCAST_DOT=INTERPRETED,
