@@ -1,0 +1,388 @@
+"""Batch-invariant GEMM ``c = a @ b (+ bias)`` whose tile is chosen by M but whose reduction over K is not.
+
+Why it is batch-invariant
+-------------------------
+Every output element ``c[m, n]`` is computed the same way whatever M is and whichever tile computes it: an
+fp32 accumulator starts at zero, the K dimension is walked in ``BLOCK_K`` (= 64, fixed) slices in increasing
+order and each slice is folded in with ``acc = tl.dot(a_slice, b_slice, acc)``; the bias (fp32) is added
+after the loop, then the result is cast once.  Rows past M are clamped to row 0 (computed, never stored) and
+K past its end is masked to zero, so no other row changes an element's operations.  The tile (``BLOCK_M``,
+``BLOCK_N``, warps, stages, the L2 swizzle ``GROUP_SIZE_M``) only decides which program computes an element,
+so :data:`LAUNCH_TABLE` may pick it by M (small tiles and many programs for decode, large tiles for
+prefill).  ``BLOCK_K`` is the one launch parameter that would change the reduction, so the table cannot carry
+another value (checked when this module is imported).  That the MMA instructions of small and large tiles
+(``mma.sync`` and ``wgmma`` on Hopper) round alike is measured, not assumed: :func:`find_row_variance` is the
+check (tests/gpu/test_batch_invariant_gemm.py sweeps M = 1..8192 on the served shapes; the server runs it at
+start-up on its own).  It is the computation of SGLang's deterministic ``matmul_persistent`` Triton path
+(one 128x128x64 tile for every M), so rows equal that kernel's where the hardware rounds alike.
+
+Launch: a non-persistent grid of ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)`` programs in grouped order (pids
+that share columns of ``b`` run together).  ``a`` and ``b`` may have any strides (SGLang passes
+``weight.t()`` views); int64 offsets are compiled in only for operands whose offsets can pass 2**31.
+
+CUDA graphs: capturable.  The launch (tile, int64 flags) is chosen on the host from the shapes and strides,
+so it is baked into a capture; no host synchronisation; the only allocation is the output.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter
+
+__all__ = [
+    "BLOCK_K", "GemmConfig", "LAUNCH_TABLE", "SHAPE_LAUNCH_TABLE", "launch_config", "matmul", "matmul_reference",
+    "RowVariance", "find_row_variance", "default_m_grid", "config_switch_points", "INTERPRETED",
+]
+
+#: The K slice every launch folds into the accumulator: the one constant batch invariance rests on.
+BLOCK_K = 64
+#: Programs to aim for when the device cannot be asked (CPU tensors under the interpreter).
+INTERPRETER_SMS = 8
+_DTYPES = (torch.bfloat16, torch.float16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch: a ``block_m x block_n`` output tile per program, ``num_warps`` warps, a ``num_stages``-deep
+    software pipeline over K, ``group_size_m`` row tiles per L2 swizzle group.  ``block_k`` is part of the
+    reduction, not of the tile: :func:`matmul` refuses anything but :data:`BLOCK_K`."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 4
+    group_size_m: int = 8
+    block_k: int = BLOCK_K
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
+        for name in ("num_warps", "group_size_m"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 1, got {value}")
+        if self.num_stages < 1:
+            raise ValueError(f"GemmConfig.num_stages must be >= 1, got {self.num_stages}")
+
+    def programs(self, m: int, n: int) -> int:
+        return triton.cdiv(m, self.block_m) * triton.cdiv(n, self.block_n)
+
+    def short(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_size_m}"
+
+
+C = GemmConfig
+#: ``(max M, candidates)``: the first bucket whose bound is >= M; in it, the first candidate that launches at
+#: least one program per SM, else the candidate that launches the most (the earlier one on a tie).  Small M:
+#: narrow tiles, so that long-K small-N weights (down projections) still spread over every SM; M >= 256:
+#: the large tiles that keep compute-bound GEMMs near cuBLAS.  Every entry has ``block_k == BLOCK_K``.
+LAUNCH_TABLE: Tuple[Tuple[float, Tuple[GemmConfig, ...]], ...] = (
+    (16, (C(16, 64, 4, 5), C(16, 32, 4, 5), C(16, 16, 4, 6))),
+    (32, (C(32, 64, 4, 5), C(32, 32, 4, 5), C(16, 32, 4, 5))),
+    (64, (C(64, 64, 4, 4), C(64, 32, 4, 4), C(32, 32, 4, 5))),
+    (128, (C(64, 128, 4, 4), C(64, 64, 4, 4), C(64, 32, 4, 4))),
+    (256, (C(128, 128, 8, 3), C(64, 128, 4, 4), C(64, 64, 4, 4))),
+    (float("inf"), (C(128, 256, 8, 3), C(128, 128, 8, 3), C(64, 128, 4, 4))),
+)
+#: Exact overrides per weight shape ``(K, N) -> ((max M, GemmConfig), ...)`` (the first bound >= M wins; an M past
+#: the last bound falls back to :data:`LAUNCH_TABLE`), as printed by ``scripts/bench/bench_gemm.py --tune``.
+SHAPE_LAUNCH_TABLE: Dict[Tuple[int, int], Tuple[Tuple[float, GemmConfig], ...]] = {}
+del C
+
+
+def _check_tables() -> None:
+    entries = [c for _, cands in LAUNCH_TABLE for c in cands]
+    entries += [c for rows in SHAPE_LAUNCH_TABLE.values() for _, c in rows]
+    for config in entries:
+        if config.block_k != BLOCK_K:
+            raise RuntimeError(f"launch table entry {config} has block_k {config.block_k}: every entry must fold "
+                               f"K in slices of BLOCK_K = {BLOCK_K}, or rows stop being batch-invariant")
+
+
+_check_tables()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_config(m: int, k: int, n: int, num_sms: int) -> GemmConfig:
+    """The launch :func:`matmul` uses for an ``[m, k] @ [k, n]`` product on a device with ``num_sms`` SMs."""
+    for bound, config in SHAPE_LAUNCH_TABLE.get((k, n), ()):
+        if m <= bound:
+            return config
+    candidates = next(cands for bound, cands in LAUNCH_TABLE if m <= bound)
+    for config in candidates:
+        if config.programs(m, n) >= num_sms:
+            return config
+    return max(candidates, key=lambda c: (c.programs(m, n), -candidates.index(c)))
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel per launch for every M (the row count is not a constant)
+def _batch_invariant_matmul_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+    A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_am = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_bn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    if A_LARGE:
+        offs_am = offs_am.to(tl.int64)
+    if B_LARGE:
+        offs_bn = offs_bn.to(tl.int64)
+    if A_LARGE or B_LARGE:
+        offs_k = offs_k.to(tl.int64)
+    offs_am = tl.where(offs_am < M, offs_am, 0)  # rows past M recompute row 0; never stored
+    offs_bn = tl.where(offs_bn < N, offs_bn, 0)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_K):
+        if EVEN_K:  # K is whole slices (a property of the weight, not of M): no mask to compute
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k_start
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)  # the per-element reduction: BLOCK_K slices in order, fp32 accumulator
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if C_LARGE:
+        offs_cm = offs_cm.to(tl.int64)
+        offs_cn = offs_cn.to(tl.int64)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)[None, :]
+    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+def _max_offset(t: torch.Tensor, padded_cols: int) -> int:
+    """The largest element offset the kernel forms for ``t`` ``[rows, K]``, K padded to ``padded_cols``."""
+    return max(t.shape[0] - 1, 0) * abs(t.stride(0)) + max(padded_cols - 1, 0) * abs(t.stride(1))
+
+
+def _int64_flags(a: torch.Tensor, b: torch.Tensor, config: GemmConfig) -> Tuple[bool, bool, bool]:
+    """``(A_LARGE, B_LARGE, C_LARGE)``: which operands need int64 offsets (any that can reach 2**31 elements)."""
+    M, K = a.shape
+    N = b.shape[1]
+    padded_k = triton.cdiv(max(K, 1), config.block_k) * config.block_k
+    padded_m = triton.cdiv(M, config.block_m) * config.block_m
+    return (_max_offset(a, padded_k) >= 2**31, _max_offset(b.t(), padded_k) >= 2**31, padded_m * N >= 2**31)
+
+
+def _validate(a, b, bias, out_dtype) -> None:
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise ValueError("matmul takes torch tensors a [M, K] and b [K, N]")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"matmul needs 2-D a [M, K] and b [K, N], got shapes {tuple(a.shape)} and {tuple(b.shape)} "
+                         "(flatten leading dimensions with a.reshape(-1, K))")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]}): shapes {tuple(a.shape)} "
+                         f"@ {tuple(b.shape)} (for a weight [N, K] pass weight.t())")
+    if a.dtype not in _DTYPES or b.dtype != a.dtype:
+        raise ValueError(f"matmul supports bfloat16 or float16 a and b of one dtype, got {a.dtype} and {b.dtype} "
+                         "(float32 GEMMs: use SGLang's matmul_persistent, which folds K in slices of 32)")
+    if b.device != a.device:
+        raise ValueError(f"a and b must be on one device, got {a.device} and {b.device}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != b.shape[1]:
+            shape = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise ValueError(f"bias must be a 1-D tensor of N = {b.shape[1]} elements, got {shape} "
+                             "(a broadcast [M, N] bias: add it after the product)")
+        if bias.dtype not in _OUT_DTYPES or bias.device != a.device:
+            raise ValueError(f"bias must be bfloat16, float16 or float32 on {a.device}, got {bias.dtype} on "
+                             f"{bias.device}")
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be None (a's dtype), torch.bfloat16, torch.float16 or torch.float32, "
+                         f"got {out_dtype}")
+    require_cuda_or_interpreter(a, "sglang_detspec.kernels.batch_invariant_gemm.matmul_reference")
+
+
+def _launch(a, b, bias, out_dtype, config: GemmConfig) -> torch.Tensor:
+    M, K = a.shape
+    N = b.shape[1]
+    out_dtype = out_dtype or a.dtype
+    # The interpreter (Triton 3.6) truncates fp32 -> bfloat16 casts: there the kernel stores fp32, torch rounds.
+    store_dtype = torch.float32 if INTERPRETED and out_dtype == torch.bfloat16 else out_dtype
+    c = torch.empty((M, N), dtype=store_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c.to(out_dtype)
+    a_large, b_large, c_large = _int64_flags(a, b, config)
+    grid = (config.programs(M, N),)
+    _batch_invariant_matmul_kernel[grid](
+        a, b, c, bias if bias is not None else c,  # bias_ptr is never read without HAS_BIAS
+        M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_SIZE_M=config.group_size_m,
+        A_LARGE=a_large, B_LARGE=b_large, C_LARGE=c_large,
+        HAS_BIAS=bias is not None,
+        EVEN_K=K % config.block_k == 0,
+        UPCAST_DOT=INTERPRETED,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return c.to(out_dtype)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+           out_dtype: Optional[torch.dtype] = None, config: Optional[GemmConfig] = None) -> torch.Tensor:
+    """``a @ b (+ bias)``, every row bit-identical whatever the number of rows (module docstring).
+
+    Args:
+        a: ``[M, K]`` bfloat16 or float16, any strides.
+        b: ``[K, N]`` of a's dtype, any strides (``weight.t()`` of an ``[N, K]`` weight is the usual operand).
+        bias: optional ``[N]`` (bfloat16, float16 or float32), added in fp32 after the K loop.
+        out_dtype: the output dtype (default a's); ``torch.float32`` stores the fp32 accumulator directly
+            (``aten::mm.dtype``; SGLang's deterministic mode instead rounds to a's dtype first, then casts).
+        config: force one launch (benchmarks, tests); default :func:`launch_config`.  ``block_k`` must be
+            :data:`BLOCK_K`.
+
+    Returns a new contiguous ``[M, N]`` tensor.  Never synchronises with the host.
+    """
+    _validate(a, b, bias, out_dtype)
+    if config is None:
+        config = launch_config(a.shape[0], a.shape[1], b.shape[1], _num_sms(a.device))
+    elif config.block_k != BLOCK_K:
+        raise ValueError(f"config.block_k must be BLOCK_K = {BLOCK_K}, got {config.block_k}: another K slice "
+                         "changes the reduction, and rows would differ from every other launch's")
+    return _launch(a, b, bias, out_dtype, config)
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                     out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Pure torch: the fp32 product (plus the fp32 bias) rounded once to ``out_dtype`` (default a's dtype).
+    Equal to :func:`matmul` up to the order of the fp32 sums (not bit for bit); any device."""
+    out = a.float() @ b.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype or a.dtype)
+
+
+# ---- the row-invariance self-check ---------------------------------------------------------------------------
+
+
+class RowVariance(NamedTuple):
+    """The first element whose bits at ``m`` rows differ from the full batch's: ``(m, row, col)`` and both values."""
+
+    m: int
+    row: int
+    col: int
+    value_at_m: float
+    value_full: float
+
+    def describe(self) -> str:
+        return (f"row {self.row}, column {self.col} differs between a batch of {self.m} rows "
+                f"({self.value_at_m!r}) and the full batch ({self.value_full!r})")
+
+
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _first_difference(part: torch.Tensor, full: torch.Tensor) -> Optional[Tuple[int, int]]:
+    """The first (row, col), in row-major order, where the bit patterns differ (NaN-safe), else None."""
+    if part.shape != full.shape or part.dtype != full.dtype:
+        return (0, 0)
+    bits = _BITS[part.element_size()]
+    differs = part.contiguous().view(bits) != full.contiguous().view(bits)
+    if not bool(differs.any()):
+        return None
+    flat = int(torch.argmax(differs.reshape(-1).to(torch.int8)))  # the first True
+    return flat // part.shape[1], flat % part.shape[1]
+
+
+def find_row_variance(matmul_fn: Callable, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                      ms: Optional[Iterable[int]] = None) -> Optional[RowVariance]:
+    """Compare ``matmul_fn(a[:m], b, bias)`` with the first ``m`` rows of ``matmul_fn(a, b, bias)`` bit for bit,
+    for every ``m`` in ``ms`` (default :func:`default_m_grid` up to ``a``'s rows); the first difference, else None.
+
+    ``matmul_fn(a, b, bias)`` is any GEMM (this module's :func:`matmul`, SGLang's deterministic kernel, a
+    deliberately M-dependent one in the tests).  One host synchronisation per ``m``: a start-up check, not
+    something to capture in a CUDA graph.  A result whose shape or dtype changes with ``m`` is reported at row 0.
+    """
+    total = a.shape[0]
+    if ms is None:
+        ms = default_m_grid(total)
+    full = matmul_fn(a, b, bias)
+    for m in ms:
+        if not 1 <= m <= total:
+            raise ValueError(f"every m must be in 1..{total} (the rows of a), got {m}")
+        part = matmul_fn(a[:m], b, bias)
+        where = _first_difference(part, full[:m])
+        if where is not None:
+            row, col = where
+            at_m = float(part[row, col]) if part.shape == full[:m].shape else float("nan")
+            return RowVariance(int(m), row, col, at_m, float(full[row, col]))
+    return None
+
+
+def default_m_grid(max_m: int, *, dense_up_to: int = 64, boundaries: Sequence[int] = ()) -> List[int]:
+    """Row counts that cover every launch :func:`matmul` can choose up to ``max_m``: every m in
+    ``1..dense_up_to``, every power of two and its neighbours, every bound of :data:`LAUNCH_TABLE` and of
+    ``boundaries`` (e.g. :func:`config_switch_points`) with its neighbours, odd values between (about 12 per
+    octave), and ``max_m``."""
+    if max_m < 1:
+        raise ValueError(f"max_m must be >= 1, got {max_m}")
+    ms = set(range(1, min(dense_up_to, max_m) + 1))
+    edges = [bound for bound, _ in LAUNCH_TABLE if bound != float("inf")] + list(boundaries)
+    power = 1
+    while power <= max_m:
+        edges.append(power)
+        power *= 2
+    for edge in edges:
+        ms.update((int(edge) - 1, int(edge), int(edge) + 1))
+    m = dense_up_to + 1
+    while m <= max_m:
+        ms.add(m | 1)
+        m = int(m * 1.06) + 1
+    ms.add(max_m)
+    return sorted(x for x in ms if 1 <= x <= max_m)
+
+
+def config_switch_points(max_m: int, k: int, n: int, num_sms: int) -> List[int]:
+    """Every m in ``2..max_m`` at which :func:`launch_config` picks a different launch than at ``m - 1`` (for the
+    grid of :func:`default_m_grid`: the launch at both sides of each switch gets checked)."""
+    points, previous = [], launch_config(1, k, n, num_sms)
+    for m in range(2, max_m + 1):
+        config = launch_config(m, k, n, num_sms)
+        if config != previous:
+            points.append(m)
+            previous = config
+    return points
