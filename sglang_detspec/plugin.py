@@ -14,6 +14,8 @@ scheduler, DP-controller and detokenizer process. It registers
   (:mod:`sglang_detspec.integration.scheduler_check`),
 * the opt-in token-id-keyed target sampler for non-speculative deterministic servers,
   ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.token_id_sampler_opt_in`),
+* the plugin's batch-invariant GEMM and residual RMSNorm in SGLang's deterministic mode, with a start-up self-check
+  (:mod:`sglang_detspec.integration.batch_invariant_ops`; ``SGLANG_DETSPEC_OPS`` chooses where),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -55,6 +57,7 @@ def load_plugin() -> Dict[str, object]:
     try:
         from sglang_detspec.integration import (
             algorithm,
+            batch_invariant_ops,
             parallel_sampling,
             request_validation,
             retraction,
@@ -70,6 +73,7 @@ def load_plugin() -> Dict[str, object]:
         retraction.install_retraction_replay()
         scheduler_check.install_scheduler_check()
         token_id_sampler_opt_in.install_token_id_sampler_opt_in()
+        batch_invariant_ops.install_batch_invariant_ops()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
@@ -98,6 +102,12 @@ def load_plugin() -> Dict[str, object]:
                     f"{token_id_sampler_opt_in.TARGET_WORKER_HOOK_TARGET} could not be applied "
                     "(see the HookRegistry error above)"
                 )
+            if not batch_invariant_ops.batch_invariant_ops_hooks_active():
+                raise RuntimeError(
+                    f"the batch-invariant op hooks on {batch_invariant_ops.MATMUL_HOOK_TARGET}, "
+                    f"{batch_invariant_ops.RMS_NORM_HOOK_TARGET} and {batch_invariant_ops.ENABLE_HOOK_TARGET} could "
+                    "not be applied (see the HookRegistry error above)"
+                )
         algorithm.verify_registration()
     except Exception:
         logger.error(
@@ -118,7 +128,14 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args, token_id_sampler_opt_in
+    from sglang_detspec.integration import (
+        algorithm,
+        batch_invariant_ops,
+        retraction,
+        scheduler_check,
+        server_args,
+        token_id_sampler_opt_in,
+    )
 
     return {
         "sglang_version": compat.installed_sglang_version(),
@@ -128,4 +145,5 @@ def plugin_status() -> Dict[str, object]:
         "scheduler_check_active": scheduler_check.scheduler_check_active(),
         "retraction_replay_active": retraction.retraction_replay_active(),
         "token_id_sampler_hook_active": token_id_sampler_opt_in.token_id_sampler_opt_in_active(),
+        "batch_invariant_ops_hooks_active": batch_invariant_ops.batch_invariant_ops_hooks_active(),
     }
