@@ -38,7 +38,7 @@ from .launch_checks import INTERPRETED, require_cuda_or_interpreter
 
 __all__ = [
     "BLOCK_K", "GemmConfig", "LAUNCH_TABLE", "SHAPE_LAUNCH_TABLE", "launch_config", "matmul", "matmul_reference",
-    "RowVariance", "find_row_variance", "default_m_grid", "config_switch_points", "INTERPRETED",
+    "RowVariance", "find_row_variance", "check_weight_rows", "default_m_grid", "config_switch_points", "INTERPRETED",
 ]
 
 #: The K slice every launch folds into the accumulator: the one constant batch invariance rests on.
@@ -351,6 +351,20 @@ def find_row_variance(matmul_fn: Callable, a: torch.Tensor, b: torch.Tensor, bia
             at_m = float(part[row, col]) if part.shape == full[:m].shape else float("nan")
             return RowVariance(int(m), row, col, at_m, float(full[row, col]))
     return None
+
+
+def check_weight_rows(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, max_m: int,
+                      ms: Optional[Sequence[int]] = None, seed: int = 0) -> Optional[RowVariance]:
+    """The start-up self-check for one served weight ``[N, K]`` (``F.linear``'s layout, passed as ``weight.t()``):
+    :func:`find_row_variance` of :func:`matmul` on ``max_m`` random rows of the weight's dtype, over ``ms``
+    (default: :func:`default_m_grid` with every launch switch up to ``max_m``).  It costs about
+    ``sum(ms) * 2 * K * N`` FLOP plus one weight read per m: keep ``max_m`` to the largest batch served."""
+    n, k = weight.shape
+    g = torch.Generator(device=weight.device).manual_seed(seed)
+    a = torch.randn(max_m, k, generator=g, device=weight.device).to(weight.dtype)
+    if ms is None:
+        ms = default_m_grid(max_m, boundaries=config_switch_points(max_m, k, n, _num_sms(weight.device)))
+    return find_row_variance(matmul, a, weight.t(), bias, ms)
 
 
 def default_m_grid(max_m: int, *, dense_up_to: int = 64, boundaries: Sequence[int] = ()) -> List[int]:

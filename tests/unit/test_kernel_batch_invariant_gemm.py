@@ -188,6 +188,26 @@ def test_self_check_reports_a_result_whose_shape_depends_on_m():
     assert found is not None and (found.m, found.row, found.col) == (2, 0, 0)
 
 
+def test_check_weight_rows_runs_the_self_check_on_a_served_weight(monkeypatch):
+    g = torch.Generator().manual_seed(12)
+    weight = torch.randn(40, 96, generator=g).to(torch.bfloat16).to(DEV)  # [N, K], as nn.Linear stores it
+    bias = torch.randn(40, generator=g).to(torch.bfloat16).to(DEV)
+    assert gemm.check_weight_rows(weight, bias, max_m=24) is None  # default grid: every m in 1..24
+    seen = []
+    real = gemm.find_row_variance
+
+    def spy(fn, a, b, bias_, ms):
+        seen.append((fn, a.shape, a.dtype, b.shape, b.stride(), list(ms)))
+        return real(fn, a, b, bias_, ms)
+
+    monkeypatch.setattr(gemm, "find_row_variance", spy)
+    assert gemm.check_weight_rows(weight, None, max_m=20, ms=[1, 20]) is None
+    assert seen == [(matmul, (20, 96), torch.bfloat16, (96, 40), (1, 96), [1, 20])]
+    monkeypatch.setattr(gemm, "matmul", _block_k_32_below_8_rows)  # and it does report a variance
+    found = gemm.check_weight_rows(weight, bias, max_m=12, ms=[12, 9, 5])
+    assert found is not None and found.m == 5
+
+
 def test_self_check_refuses_m_outside_the_rows():
     a, b, _ = _operands(8, 64, 16)
     with pytest.raises(ValueError, match="every m must be in 1..8"):
