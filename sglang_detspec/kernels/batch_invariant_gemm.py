@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_launch
 
 __all__ = [
     "BLOCK_K", "GemmConfig", "LAUNCH_TABLE", "SHAPE_LAUNCH_TABLE", "SPLIT_K_TABLE", "SPLIT_PROGRAMS_MAX_M", "LaunchPlan",
@@ -70,14 +70,12 @@ class GemmConfig:
     block_k: int = BLOCK_K
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
-        for name in ("num_warps", "group_size_m"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 1, got {value}")
+        # the package's launch checks: tl.dot needs every tile dimension a power of two >= 16
+        require_launch(self.block_m, self.num_warps, block_name="GemmConfig.block_m")
+        require_launch(self.block_n, block_name="GemmConfig.block_n")
+        require_launch(self.block_k, block_name="GemmConfig.block_k")
+        if self.group_size_m < 1:
+            raise ValueError(f"GemmConfig.group_size_m must be >= 1, got {self.group_size_m}")
         if self.num_stages < 1:
             raise ValueError(f"GemmConfig.num_stages must be >= 1, got {self.num_stages}")
 

@@ -276,7 +276,9 @@ def test_invalid_inputs_are_refused_with_the_fix(call, message):
 @pytest.mark.parametrize("kwargs,message", [
     ({"block_m": 24, "block_n": 16}, "block_m must be a power of two >= 16"),
     ({"block_m": 16, "block_n": 8}, "block_n must be a power of two >= 16"),
+    ({"block_m": 16, "block_n": 16, "block_k": 48}, "block_k must be a power of two >= 16"),
     ({"block_m": 16, "block_n": 16, "num_warps": 3}, "num_warps must be a power of two"),
+    ({"block_m": 16, "block_n": 16, "group_size_m": 0}, "group_size_m must be >= 1"),
     ({"block_m": 16, "block_n": 16, "num_stages": 0}, "num_stages must be >= 1"),
 ])
 def test_gemm_config_refuses_launches_triton_cannot_build(kwargs, message):
