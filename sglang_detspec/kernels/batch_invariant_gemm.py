@@ -11,9 +11,9 @@ K past its end is masked to zero, so no other row changes an element's operation
 so :data:`LAUNCH_TABLE` may pick it by M (small tiles and many programs for decode, large tiles for
 prefill).  ``BLOCK_K`` is the one launch parameter that would change the reduction, so the table cannot carry
 another value (checked when this module is imported).  That the MMA instructions of small and large tiles
-(``mma.sync`` and ``wgmma`` on Hopper) round alike is measured, not assumed: :func:`find_row_variance` is the
-check (tests/gpu/test_batch_invariant_gemm.py sweeps M = 1..8192 on the served shapes; the server runs it at
-start-up on its own).  It is the computation of SGLang's deterministic ``matmul_persistent`` Triton path
+(``mma.sync`` for 16- and 32-row tiles, ``wgmma`` from 64 rows on Hopper) round alike is measured, not assumed:
+:func:`~sglang_detspec.kernels.row_invariance.find_row_variance` is the check (tests/gpu/test_batch_invariant_gemm.py
+sweeps M = 1..8192 on the benchmark shapes; the server runs ``check_weight_rows`` on its own at start-up).  It is the computation of SGLang's deterministic ``matmul_persistent`` Triton path
 (one 128x128x64 tile for every M), so rows equal that kernel's where the hardware rounds alike.
 
 Launch: a non-persistent grid of ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)`` programs in grouped order (pids
@@ -25,6 +25,9 @@ slices, fixed by K; each range's partial sum starts from zero and the partials a
 order, then the bias.  That is another reduction than the unsplit one, the same for every M: at small M each
 range runs in programs of its own (more programs for long-K, small-N weights) and a second launch adds the fp32
 partials; at large M every program folds all ranges itself, with the same additions in the same order.
+
+Under Triton's interpreter (CPU tests) the slices are dotted in fp32 and bfloat16 results are rounded by torch:
+Triton 3.6's interpreter multiplies bfloat16 bit patterns as integers in ``tl.dot`` and truncates fp32 -> bfloat16.
 
 CUDA graphs: capturable.  The launch (tile, split mode, int64 flags) is chosen on the host from the shapes and
 strides, so it is baked into a capture; no host synchronisation; the allocations are the output and, for a split
