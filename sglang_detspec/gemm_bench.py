@@ -46,7 +46,7 @@ from .kernels import batch_invariant_gemm
 from .kernels.batch_invariant_gemm import BLOCK_K, GemmConfig, launch_plan, matmul
 from .midsize_models import MidsizeShape
 
-__all__ = ["GemmShape", "llama_gemm_shapes", "PAIRS", "MS", "TUNE_BUCKETS", "tune_candidates", "goal_check",
+__all__ = ["GemmShape", "llama_gemm_shapes", "PAIRS", "MS", "TUNE_BUCKETS", "tune_candidates", "goal_check", "ratio_table",
            "format_shape_table", "run", "tune", "main"]
 
 
@@ -180,6 +180,8 @@ def run(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), ms: Sequence[int] = 
                 log(_table_line(row))
                 del ops
             torch.cuda.empty_cache()
+    for line in ratio_table(rows):
+        log(line)
     met, lines = goal_check(rows)
     for line in lines:
         log(line)
@@ -194,6 +196,20 @@ def _table_line(row: Dict) -> str:
     return (f"{row['pair']:8s} {row['shape']:8s} {row['k']:6d}x{row['n']:<6d} M={row['m']:5d}  "
             f"cublas {row['cublas_median_us']:9.2f}  plugin {row['plugin_median_us']:9.2f} "
             f"({row['plugin_over_cublas']:5.2f}x)  {sg}  floor {row['floor_us']:8.2f}  [{row['plugin_config']}]")
+
+
+def ratio_table(rows: Sequence[Dict]) -> List[str]:
+    """Median-time ratios to cuBLAS, one line per shape and one column per M: plugin, then SGLang."""
+    ms = sorted({r["m"] for r in rows})
+    shapes = list(dict.fromkeys((r["pair"], r["shape"]) for r in rows))
+    cell = {(r["pair"], r["shape"], r["m"]): r for r in rows}
+    lines = []
+    for key, title in (("plugin_over_cublas", "plugin / cuBLAS"), ("sglang_over_cublas", "SGLang / cuBLAS")):
+        lines.append(f"{title:20s}" + "".join(f"{'M=' + str(m):>8s}" for m in ms))
+        for pair, shape in shapes:
+            values = [cell.get((pair, shape, m), {}).get(key) for m in ms]
+            lines.append(f"{pair + ' ' + shape:20s}" + "".join("       -" if v is None else f"{v:8.2f}" for v in values))
+    return lines
 
 
 def goal_check(rows: Sequence[Dict], ratio: float = GOAL_RATIO, max_m: int = GOAL_MAX_M) -> Tuple[bool, List[str]]:

@@ -103,6 +103,9 @@ def test_run_writes_one_row_per_shape_and_m_with_the_ratios(tmp_path, fake_timer
         assert r["floor_us"] == round((r["k"] * r["n"] + r["m"] * (r["k"] + r["n"])) * 2 / 1000.0 / 1e3, 2)
         assert r["plugin_equals_sglang"] in (True, False)
     assert "goal: plugin within 1.25x of cuBLAS at every M in 1-512: MET" in logged
+    header = logged.index("plugin / cuBLAS     " + "     M=1     M=5   M=600")
+    assert logged[header + 1:header + 3] == ["tiny proj" + " " * 11 + "    1.10" * 3, "tiny fc" + " " * 13 + "    1.10" * 3]
+    assert logged[header + 4] == "tiny proj" + " " * 11 + "    4.00" * 3
     with open(tmp_path / "gemm_bench.csv") as f:
         assert len(list(csv.DictReader(f))) == 6
     meta = json.loads((tmp_path / "gemm_bench.json").read_text())["meta"]
