@@ -1,7 +1,7 @@
 """Per-op GEMM benchmark: the plugin's batch-invariant GEMM vs SGLang's deterministic GEMM vs cuBLAS.
 
-    python scripts/bench/bench_gemm.py --out DIR [--quick] [--pairs midsize llama8b] [--ms 1 2 4 ...]
-    python scripts/bench/bench_gemm.py --out DIR --tune [--quick]
+    python scripts/bench/bench_gemm.py --out DIR [--quick] [--pairs midsize llama8b] [--ms 1 2 4 ...] [--split-k S]
+    python scripts/bench/bench_gemm.py --out DIR --tune [--quick] [--split-k S]
 
 Needs a CUDA GPU; SGLang is optional (without it the ``sglang`` column is empty).  For every weight shape of both
 benchmark pairs (:data:`PAIRS`: the mid-size pair of :mod:`sglang_detspec.midsize_models` and a Llama-3-8B-shaped
@@ -23,6 +23,8 @@ Writes ``gemm_bench.csv``, ``gemm_bench.json`` and, if matplotlib is importable,
 ``BLOCK_K`` = 64; bias-free, the launch does not depend on it), checks each candidate's output equals the default
 launch's bit for bit (the same reduction: it must), and prints the fastest per bucket as a ``SHAPE_LAUNCH_TABLE``
 literal to paste into kernels/batch_invariant_gemm.py (also ``gemm_tune_table.py`` and ``gemm_tune.csv``).
+``--split-k S`` runs either mode with the plugin's K split forced to S for every shape (a split is a property of
+the weight: compare runs, then name the shapes that gain in ``SPLIT_K_TABLE``; tune tiles with the split in use).
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ import torch
 
 from .benchmark import copy_bandwidth_gbs, graph_time_us
 from .kernels import batch_invariant_gemm
-from .kernels.batch_invariant_gemm import BLOCK_K, GemmConfig, launch_config, matmul
+from .kernels.batch_invariant_gemm import BLOCK_K, GemmConfig, launch_plan, matmul
 from .midsize_models import MidsizeShape
 
-__all__ = ["GemmShape", "llama_gemm_shapes", "PAIRS", "MS", "TUNE_BUCKETS", "tune_candidates", "goal_check",
+__all__ = ["GemmShape", "llama_gemm_shapes", "PAIRS", "MS", "TUNE_BUCKETS", "tune_candidates", "goal_check", "ratio_table",
            "format_shape_table", "run", "tune", "main"]
 
 
@@ -100,10 +102,15 @@ def _cublas(a, b, bias):
     return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
-def _plugin(config: Optional[GemmConfig] = None):
+def _plugin(config: Optional[GemmConfig] = None, split_k: Optional[int] = None):
     def fn(a, b, bias):
-        return matmul(a, b, bias, config=config)
+        return matmul(a, b, bias, config=config, split_k=split_k)
     return fn
+
+
+def _describe(plan) -> str:
+    split = f" split {plan.splits}{' folded' if plan.fold_splits else ''}" if plan.splits > 1 else ""
+    return plan.config.short() + split
 
 
 class _Operands:
@@ -143,7 +150,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def run(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), ms: Sequence[int] = MS, replays: int = 20,
-        log=print, device: Optional[torch.device] = None) -> List[Dict]:
+        log=print, device: Optional[torch.device] = None, split_k: Optional[int] = None) -> List[Dict]:
     device = device or torch.device("cuda")
     out_dir.mkdir(parents=True, exist_ok=True)
     sglang_fn, sglang_note = load_sglang_gemm()
@@ -157,9 +164,9 @@ def run(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), ms: Sequence[int] = 
                 ops = _Operands(shape, m, device)
                 b0 = ops.weights[0]
                 row = dict(pair=pair, shape=shape.name, k=shape.k, n=shape.n, bias=shape.bias, m=m,
-                           plugin_config=launch_config(m, shape.k, shape.n, sms).short(),
+                           plugin_config=_describe(launch_plan(m, shape.k, shape.n, sms, split_k)),
                            floor_us=round((shape.k * shape.n + m * shape.k + m * shape.n) * 2 / bandwidth / 1e3, 2))
-                methods = {"cublas": _cublas, "plugin": _plugin(), "sglang": sglang_fn}
+                methods = {"cublas": _cublas, "plugin": _plugin(split_k=split_k), "sglang": sglang_fn}
                 for name, fn in methods.items():
                     stats = _summary(ops.time_us(fn, replays)) if fn is not None else None
                     for key in ("median", "min", "max"):
@@ -167,17 +174,19 @@ def run(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), ms: Sequence[int] = 
                 cublas = row["cublas_median_us"]
                 row["plugin_over_cublas"] = round(row["plugin_median_us"] / cublas, 3)
                 row["sglang_over_cublas"] = round(row["sglang_median_us"] / cublas, 3) if sglang_fn else None
-                row["plugin_equals_sglang"] = (_same_bits(matmul(ops.a, b0, ops.bias), sglang_fn(ops.a, b0, ops.bias))
-                                               if sglang_fn else None)
+                row["plugin_equals_sglang"] = (_same_bits(matmul(ops.a, b0, ops.bias, split_k=split_k),
+                                                          sglang_fn(ops.a, b0, ops.bias)) if sglang_fn else None)
                 rows.append(row)
                 log(_table_line(row))
                 del ops
             torch.cuda.empty_cache()
+    for line in ratio_table(rows):
+        log(line)
     met, lines = goal_check(rows)
     for line in lines:
         log(line)
     _write(out_dir, rows, _meta(device, dict(bandwidth_gbs=round(bandwidth, 1), sms=sms, sglang=sglang_note,
-                                             goal_met=met, goal_lines=lines, replays=replays)), log)
+                                             goal_met=met, goal_lines=lines, replays=replays, split_k=split_k)), log)
     return rows
 
 
@@ -187,6 +196,20 @@ def _table_line(row: Dict) -> str:
     return (f"{row['pair']:8s} {row['shape']:8s} {row['k']:6d}x{row['n']:<6d} M={row['m']:5d}  "
             f"cublas {row['cublas_median_us']:9.2f}  plugin {row['plugin_median_us']:9.2f} "
             f"({row['plugin_over_cublas']:5.2f}x)  {sg}  floor {row['floor_us']:8.2f}  [{row['plugin_config']}]")
+
+
+def ratio_table(rows: Sequence[Dict]) -> List[str]:
+    """Median-time ratios to cuBLAS, one line per shape and one column per M: plugin, then SGLang."""
+    ms = sorted({r["m"] for r in rows})
+    shapes = list(dict.fromkeys((r["pair"], r["shape"]) for r in rows))
+    cell = {(r["pair"], r["shape"], r["m"]): r for r in rows}
+    lines = []
+    for key, title in (("plugin_over_cublas", "plugin / cuBLAS"), ("sglang_over_cublas", "SGLang / cuBLAS")):
+        lines.append(f"{title:20s}" + "".join(f"{'M=' + str(m):>8s}" for m in ms))
+        for pair, shape in shapes:
+            values = [cell.get((pair, shape, m), {}).get(key) for m in ms]
+            lines.append(f"{pair + ' ' + shape:20s}" + "".join("       -" if v is None else f"{v:8.2f}" for v in values))
+    return lines
 
 
 def goal_check(rows: Sequence[Dict], ratio: float = GOAL_RATIO, max_m: int = GOAL_MAX_M) -> Tuple[bool, List[str]]:
@@ -267,8 +290,9 @@ def tune_candidates(bucket: int, quick: bool = False) -> List[GemmConfig]:
         grid = [(bm, bn, 4, s) for bm in (32, 64) for bn in (32, 64, 128) for s in (3, 5)]
     elif bucket <= 128:
         grid = [(bm, bn, w, s) for bm in (64, 128) for bn in (64, 128) for w in (4, 8) for s in (3, 4)]
-    else:
-        grid = [(bm, bn, w, s) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for s in (3, 4)]
+    else:  # 128x256 with 4 warps is left out: ptxas spills ~1.8 kB per thread there (Triton 3.6, sm_90a)
+        grid = [(bm, bn, w, s) for bm in (64, 128) for bn in (64, 128, 256) for w in (4, 8) for s in (3, 4)
+                if (bm, bn, w) != (128, 256, 4)]
     if quick:
         grid = grid[::4]
     return [GemmConfig(bm, bn, w, s) for bm, bn, w, s in grid]
@@ -290,7 +314,7 @@ def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]
 
 
 def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False, replays: int = 10,
-         log=print, device: Optional[torch.device] = None) -> str:
+         log=print, device: Optional[torch.device] = None, split_k: Optional[int] = None) -> str:
     device = device or torch.device("cuda")
     out_dir.mkdir(parents=True, exist_ok=True)
     sms = batch_invariant_gemm._num_sms(device)
@@ -300,14 +324,14 @@ def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False
     for (k, n), shape in sorted(shapes.items()):
         for bucket in buckets:
             ops = _Operands(shape._replace(bias=False), bucket, device)
-            default = launch_config(bucket, k, n, sms)
-            want = matmul(ops.a, ops.weights[0])
+            default = launch_plan(bucket, k, n, sms, split_k).config
+            want = matmul(ops.a, ops.weights[0], split_k=split_k)
             cublas = statistics.median(ops.time_us(_cublas, replays))
             timed = []
             for config in [default] + [c for c in tune_candidates(bucket, quick) if c != default]:
                 try:
-                    same = _same_bits(matmul(ops.a, ops.weights[0], config=config), want)
-                    us = _summary(ops.time_us(_plugin(config), replays))
+                    same = _same_bits(matmul(ops.a, ops.weights[0], config=config, split_k=split_k), want)
+                    us = _summary(ops.time_us(_plugin(config, split_k), replays))
                 except Exception as e:  # a launch Triton cannot build here (shared memory, registers)
                     log(f"  {shape.name} ({k} x {n}) M={bucket} {config.short()}: skipped ({type(e).__name__})")
                     continue
@@ -330,7 +354,7 @@ def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
         w.writerows(rows)
-    meta = _meta(device, dict(sms=sms, replays=replays, broken=broken))
+    meta = _meta(device, dict(sms=sms, replays=replays, broken=broken, split_k=split_k))
     (out_dir / "gemm_tune_table.py").write_text(f"# {json.dumps(meta)}\n{table}\n")
     log(table)
     if broken:
@@ -350,18 +374,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
     ap.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {list(MS)}")
     ap.add_argument("--replays", type=int, default=None, help="CUDA-graph replays per case (default 20; tune 10)")
+    ap.add_argument("--split-k", type=int, default=None, metavar="S",
+                    help="force a K split of S for every shape's plugin launch (default: SPLIT_K_TABLE's, none)")
     args = ap.parse_args(argv)
     if args.ms is not None and min(args.ms) < 1:
         ap.error("--ms: every M must be >= 1")
+    if args.split_k is not None and args.split_k < 1:
+        ap.error("--split-k: S must be >= 1")
     if not torch.cuda.is_available():
         print("bench_gemm: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
               "(run scripts/run_gpu_checks.sh on a GPU machine)", file=sys.stderr)
         return 2
     if args.tune:
-        tune(args.out, pairs=args.pairs, quick=args.quick, replays=args.replays or (5 if args.quick else 10))
+        tune(args.out, pairs=args.pairs, quick=args.quick, replays=args.replays or (5 if args.quick else 10),
+             split_k=args.split_k)
         return 0
     ms = args.ms or (QUICK_MS if args.quick else MS)
-    run(args.out, pairs=args.pairs, ms=ms, replays=args.replays or (5 if args.quick else 20))
+    run(args.out, pairs=args.pairs, ms=ms, replays=args.replays or (5 if args.quick else 20), split_k=args.split_k)
     return 0
 
 

@@ -11,34 +11,44 @@ K past its end is masked to zero, so no other row changes an element's operation
 so :data:`LAUNCH_TABLE` may pick it by M (small tiles and many programs for decode, large tiles for
 prefill).  ``BLOCK_K`` is the one launch parameter that would change the reduction, so the table cannot carry
 another value (checked when this module is imported).  That the MMA instructions of small and large tiles
-(``mma.sync`` and ``wgmma`` on Hopper) round alike is measured, not assumed: :func:`find_row_variance` is the
-check (tests/gpu/test_batch_invariant_gemm.py sweeps M = 1..8192 on the served shapes; the server runs it at
-start-up on its own).  It is the computation of SGLang's deterministic ``matmul_persistent`` Triton path
+(``mma.sync`` for 16- and 32-row tiles, ``wgmma`` from 64 rows on Hopper) round alike is measured, not assumed:
+:func:`~sglang_detspec.kernels.row_invariance.find_row_variance` is the check (tests/gpu/test_batch_invariant_gemm.py
+sweeps M = 1..8192 on the benchmark shapes; the server runs ``check_weight_rows`` on its own at start-up).  It is the computation of SGLang's deterministic ``matmul_persistent`` Triton path
 (one 128x128x64 tile for every M), so rows equal that kernel's where the hardware rounds alike.
 
 Launch: a non-persistent grid of ``cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)`` programs in grouped order (pids
 that share columns of ``b`` run together).  ``a`` and ``b`` may have any strides (SGLang passes
 ``weight.t()`` views); int64 offsets are compiled in only for operands whose offsets can pass 2**31.
 
-CUDA graphs: capturable.  The launch (tile, int64 flags) is chosen on the host from the shapes and strides,
-so it is baked into a capture; no host synchronisation; the only allocation is the output.
+Split-K (off unless :data:`SPLIT_K_TABLE` names the weight shape): K is cut into ``splits`` ranges of whole
+slices, fixed by K; each range's partial sum starts from zero and the partials are added, from zero, in range
+order, then the bias.  That is another reduction than the unsplit one, the same for every M: at small M each
+range runs in programs of its own (more programs for long-K, small-N weights) and a second launch adds the fp32
+partials; at large M every program folds all ranges itself, with the same additions in the same order.
+
+Under Triton's interpreter (CPU tests) the slices are dotted in fp32 and bfloat16 results are rounded by torch:
+Triton 3.6's interpreter multiplies bfloat16 bit patterns as integers in ``tl.dot`` and truncates fp32 -> bfloat16.
+
+CUDA graphs: capturable.  The launch (tile, split mode, int64 flags) is chosen on the host from the shapes and
+strides, so it is baked into a capture; no host synchronisation; the allocations are the output and, for a split
+run as separate programs, its fp32 workspace.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
-from .launch_checks import INTERPRETED, require_cuda_or_interpreter
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_launch
 
 __all__ = [
-    "BLOCK_K", "GemmConfig", "LAUNCH_TABLE", "SHAPE_LAUNCH_TABLE", "launch_config", "matmul", "matmul_reference",
-    "RowVariance", "find_row_variance", "default_m_grid", "config_switch_points", "INTERPRETED",
+    "BLOCK_K", "GemmConfig", "LAUNCH_TABLE", "SHAPE_LAUNCH_TABLE", "SPLIT_K_TABLE", "SPLIT_PROGRAMS_MAX_M", "LaunchPlan",
+    "launch_config", "launch_plan", "split_plan", "matmul", "matmul_reference", "INTERPRETED",
 ]
 
 #: The K slice every launch folds into the accumulator: the one constant batch invariance rests on.
@@ -63,14 +73,12 @@ class GemmConfig:
     block_k: int = BLOCK_K
 
     def __post_init__(self):
-        for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
-        for name in ("num_warps", "group_size_m"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"GemmConfig.{name} must be a power of two >= 1, got {value}")
+        # the package's launch checks: tl.dot needs every tile dimension a power of two >= 16
+        require_launch(self.block_m, self.num_warps, block_name="GemmConfig.block_m")
+        require_launch(self.block_n, block_name="GemmConfig.block_n")
+        require_launch(self.block_k, block_name="GemmConfig.block_k")
+        if self.group_size_m < 1:
+            raise ValueError(f"GemmConfig.group_size_m must be >= 1, got {self.group_size_m}")
         if self.num_stages < 1:
             raise ValueError(f"GemmConfig.num_stages must be >= 1, got {self.num_stages}")
 
@@ -98,6 +106,14 @@ LAUNCH_TABLE: Tuple[Tuple[float, Tuple[GemmConfig, ...]], ...] = (
 #: the last bound falls back to :data:`LAUNCH_TABLE`), as printed by ``scripts/bench/bench_gemm.py --tune``.
 SHAPE_LAUNCH_TABLE: Dict[Tuple[int, int], Tuple[Tuple[float, GemmConfig], ...]] = {}
 del C
+#: Split-K per weight shape ``(K, N) -> splits`` (none by default).  A split changes the reduction (each split's
+#: partial sum starts from zero; the partials are added in split order), so it belongs to the weight, never to M.
+#: It gives long-K, small-N weights more programs at small M; above :data:`SPLIT_PROGRAMS_MAX_M` rows every
+#: program folds all splits itself (same additions, same bits, no workspace).
+SPLIT_K_TABLE: Dict[Tuple[int, int], int] = {}
+#: Up to this many rows a split runs as programs of its own, their fp32 partials added by a second launch.
+SPLIT_PROGRAMS_MAX_M = 64
+_FOLD_MAX_TILE = 128 * 128  # folding keeps two accumulators: larger tiles spill registers
 
 
 def _check_tables() -> None:
@@ -107,6 +123,9 @@ def _check_tables() -> None:
         if config.block_k != BLOCK_K:
             raise RuntimeError(f"launch table entry {config} has block_k {config.block_k}: every entry must fold "
                                f"K in slices of BLOCK_K = {BLOCK_K}, or rows stop being batch-invariant")
+    for shape, splits in SPLIT_K_TABLE.items():
+        if not isinstance(splits, int) or splits < 1:
+            raise RuntimeError(f"SPLIT_K_TABLE[{shape}] must be an int >= 1 (1: no split), got {splits!r}")
 
 
 _check_tables()
@@ -123,24 +142,76 @@ def _num_sms(device: torch.device) -> int:
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_config(m: int, k: int, n: int, num_sms: int) -> GemmConfig:
-    """The launch :func:`matmul` uses for an ``[m, k] @ [k, n]`` product on a device with ``num_sms`` SMs."""
+class LaunchPlan(NamedTuple):
+    """Everything :func:`matmul` decides on the host: the tile, the K split (``splits`` partials of
+    ``k_per_split`` columns, fixed by K) and whether each program folds every split itself."""
+
+    config: GemmConfig
+    splits: int
+    k_per_split: int
+    fold_splits: bool
+
+
+def split_plan(k: int, split_k: int) -> Tuple[int, int]:
+    """``(splits, k_per_split)`` for ``split_k`` requested splits of K (whole BLOCK_K slices each; no empty one)."""
+    if split_k <= 1 or k <= BLOCK_K:
+        return 1, k
+    per = triton.cdiv(triton.cdiv(k, BLOCK_K), split_k) * BLOCK_K
+    return triton.cdiv(k, per), per
+
+
+def launch_config(m: int, k: int, n: int, num_sms: int, splits: int = 1) -> GemmConfig:
+    """The tile :func:`matmul` uses for an ``[m, k] @ [k, n]`` product split in ``splits`` on ``num_sms`` SMs."""
     for bound, config in SHAPE_LAUNCH_TABLE.get((k, n), ()):
         if m <= bound:
             return config
     candidates = next(cands for bound, cands in LAUNCH_TABLE if m <= bound)
+    per_tile = 1
+    if splits > 1 and m <= SPLIT_PROGRAMS_MAX_M:
+        per_tile = splits
+    elif splits > 1:
+        candidates = tuple(c for c in candidates if c.block_m * c.block_n <= _FOLD_MAX_TILE)
     for config in candidates:
-        if config.programs(m, n) >= num_sms:
+        if config.programs(m, n) * per_tile >= num_sms:
             return config
     return max(candidates, key=lambda c: (c.programs(m, n), -candidates.index(c)))
 
 
+def launch_plan(m: int, k: int, n: int, num_sms: int, split_k: Optional[int] = None) -> LaunchPlan:
+    """The whole launch of an ``[m, k] @ [k, n]`` product (``split_k`` None: :data:`SPLIT_K_TABLE`'s)."""
+    splits, per = split_plan(k, SPLIT_K_TABLE.get((k, n), 1) if split_k is None else split_k)
+    return LaunchPlan(launch_config(m, k, n, num_sms, splits), splits, per, splits > 1 and m > SPLIT_PROGRAMS_MAX_M)
+
+
+@triton.jit
+def _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, k_lo, k_hi, K, stride_ak, stride_bk,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    """``acc + a[:, k_lo:k_hi] @ b[k_lo:k_hi, :]``, one BLOCK_K slice at a time in increasing k: the per-element
+    reduction.  ``a_ptrs`` / ``b_ptrs`` address column / row ``k_lo``; ``k_lo`` is a multiple of BLOCK_K."""
+    for k_start in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:  # K is whole slices (a property of the weight, not of M): no mask to compute
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k_start
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel per launch for every M (the row count is not a constant)
 def _batch_invariant_matmul_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr,
-    M, N, K,
+    a_ptr, b_ptr, c_ptr, bias_ptr, ws_ptr,
+    M, N, K, K_PER_SPLIT,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+    SPLIT_K: tl.constexpr, FOLD_SPLITS: tl.constexpr,
     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
@@ -168,30 +239,54 @@ def _batch_invariant_matmul_kernel(
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_start in range(0, K, BLOCK_K):
-        if EVEN_K:  # K is whole slices (a property of the weight, not of M): no mask to compute
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - k_start
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)  # the per-element reduction: BLOCK_K slices in order, fp32 accumulator
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if SPLIT_K == 1:
+        acc = _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, 0, K, K, stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
+    elif FOLD_SPLITS:  # every split in this program: each partial from zero, added to the total in split order
+        for split in range(0, SPLIT_K):  # a loop, not unrolled: one pipelined K loop in the code, not SPLIT_K
+            k_lo = split * K_PER_SPLIT
+            if A_LARGE or B_LARGE:
+                k_lo = k_lo.to(tl.int64)
+            part = _fold_k_slices(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), a_ptrs + k_lo * stride_ak,
+                                  b_ptrs + k_lo * stride_bk, offs_k, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), K,
+                                  stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
+            acc += part
+    else:  # one split per program (axis 1): its partial goes to the workspace, _split_k_combine_kernel adds them
+        k_lo = tl.program_id(1) * K_PER_SPLIT
+        if A_LARGE or B_LARGE:
+            k_lo = k_lo.to(tl.int64)
+        acc = _fold_k_slices(acc, a_ptrs + k_lo * stride_ak, b_ptrs + k_lo * stride_bk, offs_k, k_lo,
+                             tl.minimum(k_lo + K_PER_SPLIT, K), K, stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if C_LARGE:
         offs_cm = offs_cm.to(tl.int64)
         offs_cn = offs_cn.to(tl.int64)
+    c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    if SPLIT_K > 1 and not FOLD_SPLITS:
+        ws_ptrs = ws_ptr + (tl.program_id(1).to(tl.int64) * M + offs_cm[:, None]) * N + offs_cn[None, :]
+        tl.store(ws_ptrs, acc, mask=c_mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)[None, :]
+        c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
+def _split_k_combine_kernel(ws_ptr, bias_ptr, c_ptr, M, N, stride_cm, stride_cn,
+                            SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """``c = sum of the split partials, from zero, in split order (+ bias)``: the same fp32 additions as the
+    kernel's ``FOLD_SPLITS`` path, so both give the same bits."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in tl.static_range(SPLIT_K):
+        total += tl.load(ws_ptr + split * M * N + offs, mask=mask, other=0.0)
+    cols = offs % N
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+        total += tl.load(bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptr + (offs // N) * stride_cm + cols * stride_cn, total.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 def _max_offset(t: torch.Tensor, padded_cols: int) -> int:
@@ -236,22 +331,26 @@ def _validate(a, b, bias, out_dtype) -> None:
     require_cuda_or_interpreter(a, "sglang_detspec.kernels.batch_invariant_gemm.matmul_reference")
 
 
-def _launch(a, b, bias, out_dtype, config: GemmConfig) -> torch.Tensor:
+def _launch(a, b, bias, out_dtype, plan: LaunchPlan) -> torch.Tensor:
     M, K = a.shape
     N = b.shape[1]
+    config = plan.config
     out_dtype = out_dtype or a.dtype
     # The interpreter (Triton 3.6) truncates fp32 -> bfloat16 casts: there the kernel stores fp32, torch rounds.
     store_dtype = torch.float32 if INTERPRETED and out_dtype == torch.bfloat16 else out_dtype
     c = torch.empty((M, N), dtype=store_dtype, device=a.device)
     if M == 0 or N == 0:
         return c.to(out_dtype)
+    split_programs = plan.splits > 1 and not plan.fold_splits
+    ws = torch.empty((plan.splits, M, N), dtype=torch.float32, device=a.device) if split_programs else c
     a_large, b_large, c_large = _int64_flags(a, b, config)
-    grid = (config.programs(M, N),)
+    grid = (config.programs(M, N), plan.splits) if split_programs else (config.programs(M, N),)
     _batch_invariant_matmul_kernel[grid](
-        a, b, c, bias if bias is not None else c,  # bias_ptr is never read without HAS_BIAS
-        M, N, K,
+        a, b, c, bias if bias is not None else c, ws,  # bias_ptr is never read without HAS_BIAS, ws without a split
+        M, N, K, plan.k_per_split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_SIZE_M=config.group_size_m,
+        SPLIT_K=plan.splits, FOLD_SPLITS=plan.fold_splits,
         A_LARGE=a_large, B_LARGE=b_large, C_LARGE=c_large,
         HAS_BIAS=bias is not None,
         EVEN_K=K % config.block_k == 0,
@@ -259,11 +358,17 @@ def _launch(a, b, bias, out_dtype, config: GemmConfig) -> torch.Tensor:
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    if split_programs:
+        _split_k_combine_kernel[(triton.cdiv(M * N, 1024),)](
+            ws, bias if bias is not None else ws, c, M, N, c.stride(0), c.stride(1),
+            SPLIT_K=plan.splits, HAS_BIAS=bias is not None, BLOCK=1024, num_warps=4,
+        )
     return c.to(out_dtype)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-           out_dtype: Optional[torch.dtype] = None, config: Optional[GemmConfig] = None) -> torch.Tensor:
+           out_dtype: Optional[torch.dtype] = None, config: Optional[GemmConfig] = None,
+           split_k: Optional[int] = None) -> torch.Tensor:
     """``a @ b (+ bias)``, every row bit-identical whatever the number of rows (module docstring).
 
     Args:
@@ -272,18 +377,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None
         bias: optional ``[N]`` (bfloat16, float16 or float32), added in fp32 after the K loop.
         out_dtype: the output dtype (default a's); ``torch.float32`` stores the fp32 accumulator directly
             (``aten::mm.dtype``; SGLang's deterministic mode instead rounds to a's dtype first, then casts).
-        config: force one launch (benchmarks, tests); default :func:`launch_config`.  ``block_k`` must be
+        config: force one tile (benchmarks, tests); default :func:`launch_config`.  ``block_k`` must be
             :data:`BLOCK_K`.
+        split_k: force a K split (1: none); default :data:`SPLIT_K_TABLE`'s for ``(K, N)``.  Rows are invariant
+            across M only among calls with the same split: keep it a property of the weight.
 
-    Returns a new contiguous ``[M, N]`` tensor.  Never synchronises with the host.
+    Returns a new contiguous ``[M, N]`` tensor.  Never synchronises with the host.  A split run as separate
+    programs (M <= :data:`SPLIT_PROGRAMS_MAX_M`) also allocates an fp32 ``[splits, M, N]`` workspace.
     """
     _validate(a, b, bias, out_dtype)
-    if config is None:
-        config = launch_config(a.shape[0], a.shape[1], b.shape[1], _num_sms(a.device))
-    elif config.block_k != BLOCK_K:
+    if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
+        raise ValueError(f"split_k must be None (the table's) or an int >= 1, got {split_k!r}")
+    if config is not None and config.block_k != BLOCK_K:
         raise ValueError(f"config.block_k must be BLOCK_K = {BLOCK_K}, got {config.block_k}: another K slice "
                          "changes the reduction, and rows would differ from every other launch's")
-    return _launch(a, b, bias, out_dtype, config)
+    plan = launch_plan(a.shape[0], a.shape[1], b.shape[1], _num_sms(a.device), split_k)
+    if config is not None:
+        plan = plan._replace(config=config)
+    return _launch(a, b, bias, out_dtype, plan)
 
 
 def matmul_reference(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -294,95 +405,3 @@ def matmul_reference(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tens
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype or a.dtype)
-
-
-# ---- the row-invariance self-check ---------------------------------------------------------------------------
-
-
-class RowVariance(NamedTuple):
-    """The first element whose bits at ``m`` rows differ from the full batch's: ``(m, row, col)`` and both values."""
-
-    m: int
-    row: int
-    col: int
-    value_at_m: float
-    value_full: float
-
-    def describe(self) -> str:
-        return (f"row {self.row}, column {self.col} differs between a batch of {self.m} rows "
-                f"({self.value_at_m!r}) and the full batch ({self.value_full!r})")
-
-
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _first_difference(part: torch.Tensor, full: torch.Tensor) -> Optional[Tuple[int, int]]:
-    """The first (row, col), in row-major order, where the bit patterns differ (NaN-safe), else None."""
-    if part.shape != full.shape or part.dtype != full.dtype:
-        return (0, 0)
-    bits = _BITS[part.element_size()]
-    differs = part.contiguous().view(bits) != full.contiguous().view(bits)
-    if not bool(differs.any()):
-        return None
-    flat = int(torch.argmax(differs.reshape(-1).to(torch.int8)))  # the first True
-    return flat // part.shape[1], flat % part.shape[1]
-
-
-def find_row_variance(matmul_fn: Callable, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                      ms: Optional[Iterable[int]] = None) -> Optional[RowVariance]:
-    """Compare ``matmul_fn(a[:m], b, bias)`` with the first ``m`` rows of ``matmul_fn(a, b, bias)`` bit for bit,
-    for every ``m`` in ``ms`` (default :func:`default_m_grid` up to ``a``'s rows); the first difference, else None.
-
-    ``matmul_fn(a, b, bias)`` is any GEMM (this module's :func:`matmul`, SGLang's deterministic kernel, a
-    deliberately M-dependent one in the tests).  One host synchronisation per ``m``: a start-up check, not
-    something to capture in a CUDA graph.  A result whose shape or dtype changes with ``m`` is reported at row 0.
-    """
-    total = a.shape[0]
-    if ms is None:
-        ms = default_m_grid(total)
-    full = matmul_fn(a, b, bias)
-    for m in ms:
-        if not 1 <= m <= total:
-            raise ValueError(f"every m must be in 1..{total} (the rows of a), got {m}")
-        part = matmul_fn(a[:m], b, bias)
-        where = _first_difference(part, full[:m])
-        if where is not None:
-            row, col = where
-            at_m = float(part[row, col]) if part.shape == full[:m].shape else float("nan")
-            return RowVariance(int(m), row, col, at_m, float(full[row, col]))
-    return None
-
-
-def default_m_grid(max_m: int, *, dense_up_to: int = 64, boundaries: Sequence[int] = ()) -> List[int]:
-    """Row counts that cover every launch :func:`matmul` can choose up to ``max_m``: every m in
-    ``1..dense_up_to``, every power of two and its neighbours, every bound of :data:`LAUNCH_TABLE` and of
-    ``boundaries`` (e.g. :func:`config_switch_points`) with its neighbours, odd values between (about 12 per
-    octave), and ``max_m``."""
-    if max_m < 1:
-        raise ValueError(f"max_m must be >= 1, got {max_m}")
-    ms = set(range(1, min(dense_up_to, max_m) + 1))
-    edges = [bound for bound, _ in LAUNCH_TABLE if bound != float("inf")] + list(boundaries)
-    power = 1
-    while power <= max_m:
-        edges.append(power)
-        power *= 2
-    for edge in edges:
-        ms.update((int(edge) - 1, int(edge), int(edge) + 1))
-    m = dense_up_to + 1
-    while m <= max_m:
-        ms.add(m | 1)
-        m = int(m * 1.06) + 1
-    ms.add(max_m)
-    return sorted(x for x in ms if 1 <= x <= max_m)
-
-
-def config_switch_points(max_m: int, k: int, n: int, num_sms: int) -> List[int]:
-    """Every m in ``2..max_m`` at which :func:`launch_config` picks a different launch than at ``m - 1`` (for the
-    grid of :func:`default_m_grid`: the launch at both sides of each switch gets checked)."""
-    points, previous = [], launch_config(1, k, n, num_sms)
-    for m in range(2, max_m + 1):
-        config = launch_config(m, k, n, num_sms)
-        if config != previous:
-            points.append(m)
-            previous = config
-    return points

@@ -8,6 +8,8 @@ Llama-3-8B-shaped one, qkv / o / gate_up / down / lm_head and the EAGLE draft's 
 * the same with ``out_dtype=float32`` (the accumulator itself) over ``default_m_grid`` -- a difference there that
   the bfloat16 rounding hides would still be a rounding difference between tiles;
 * the int64-offset variant of the kernel compiles and gives the same bits;
+* for the long-K weights (down, fc), a 4-way K split (off by default, ``SPLIT_K_TABLE``): fp32 accumulators over
+  ``default_m_grid``, across both split modes (programs per split with a combine at small M, folded at large M);
 * SGLang's deterministic GEMM (``_matmul_persistent_triton``, one 128x128x64 persistent tile) on the same operands,
   where SGLang is importable: reported (equal or not), never a failure -- the contract is the plugin's own
   invariance, equality with SGLang a bonus.
@@ -30,14 +32,9 @@ import torch
 
 from sglang_detspec.gemm_bench import PAIRS
 from sglang_detspec.kernels import batch_invariant_gemm as gemm
-from sglang_detspec.kernels.batch_invariant_gemm import (
-    config_switch_points,
-    default_m_grid,
-    find_row_variance,
-    launch_config,
-    matmul,
-)
+from sglang_detspec.kernels.batch_invariant_gemm import launch_plan, matmul
 from sglang_detspec.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_reference
+from sglang_detspec.kernels.row_invariance import config_switch_points, default_m_grid, find_row_variance
 
 pytestmark = [pytest.mark.gpu]  # tests/conftest.py skips these without a GPU, with its GPU_SKIP_REASON
 
@@ -85,6 +82,8 @@ def _summary(request):
         lines.append(f"  {key:18s} K={r['k']:6d} N={r['n']:6d} bias={r['bias']!s:5s} "
                      f"bf16 Ms {r['ms_checked']:5d} bad {len(r['bad_ms'])}  fp32 Ms {r['fp32_ms_checked']:4d} "
                      f"bad {len(r['fp32_bad_ms'])}  launches {len(r['launches'])}  vs SGLang: {r['sglang']}")
+    for key, r in SUMMARY.get("split_k", {}).items():
+        lines.append(f"  split-K {key:18s} S={r['splits']} fp32 Ms {r['ms_checked']:4d} bad {len(r['bad_ms'])}")
     for key, r in SUMMARY["rms_norm"].items():
         lines.append(f"  rms_norm {key:9s} batches 1..{r['max_rows']} bad {len(r['bad_rows'])}  vs reference: "
                      f"{r['equal_fraction']:.4f} of outputs equal, max diff {r['max_abs_diff']:.3g}")
@@ -119,7 +118,7 @@ def test_gemm_rows_are_bit_identical_for_every_m(item, monkeypatch):
     fp32_ms = default_m_grid(MAX_M, boundaries=switches)
     record = dict(pair=pair, k=shape.k, n=shape.n, bias=shape.bias, ms_checked=len(ms),
                   fp32_ms_checked=len(fp32_ms), switch_points=switches,
-                  launches=sorted({launch_config(m, shape.k, shape.n, sms).short() for m in ms}))
+                  launches=sorted({launch_plan(m, shape.k, shape.n, sms).config.short() for m in ms}))
     SUMMARY["gemm"][f"{pair}-{shape.name}"] = record
 
     full = matmul(a, b, bias)
@@ -158,6 +157,32 @@ def test_gemm_rows_are_bit_identical_for_every_m(item, monkeypatch):
         first.describe() if first else "")
     assert not bad32, f"{pair} {shape.name}: the fp32 accumulators differ at M = {bad32[:10]} (bf16 outputs agree)"
     assert record["int64_variant_equal"], f"{pair} {shape.name}: the int64-offset kernel gives other bits"
+
+
+SPLIT_SHAPES = [(pair, shape) for pair, shape in SHAPES if shape.name in ("down", "eagle_fc")]
+
+
+@pytest.mark.parametrize("item", SPLIT_SHAPES, ids=_ids)
+def test_split_k_rows_are_bit_identical_for_every_m(item):
+    pair, shape = item
+    device = DEVICE
+    g = torch.Generator(device=device).manual_seed(shape.k * 11 + shape.n)
+    a = torch.randn(MAX_M, shape.k, device=device, generator=g).to(torch.bfloat16)
+    b = torch.randn(shape.n, shape.k, device=device, generator=g).to(torch.bfloat16).t()
+    bias = torch.randn(shape.n, device=device, generator=g).to(torch.bfloat16) if shape.bias else None
+    sms = gemm._num_sms(device)
+    ms = default_m_grid(MAX_M, boundaries=config_switch_points(MAX_M, shape.k, shape.n, sms, split_k=4))
+    plans = {launch_plan(m, shape.k, shape.n, sms, 4) for m in ms}
+    assert {p.fold_splits for p in plans} == {True, False}  # both split modes are compared
+
+    def split(x):
+        return matmul(x, b, bias, out_dtype=torch.float32, split_k=4)
+
+    full = split(a)
+    bad = _mismatching_ms(split, a, ms, full)
+    SUMMARY.setdefault("split_k", {})[f"{pair}-{shape.name}"] = dict(
+        splits=plans.pop().splits, ms_checked=len(ms), bad_ms=bad[:20])
+    assert not bad, f"{pair} {shape.name} split 4: rows differ at M = {bad[:10]}"
 
 
 @pytest.mark.parametrize("hidden", [2048, 4096])

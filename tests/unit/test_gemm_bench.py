@@ -11,7 +11,7 @@ import torch
 
 from sglang_detspec import gemm_bench as bench
 from sglang_detspec.gemm_bench import PAIRS, GemmShape, format_shape_table, goal_check, tune_candidates
-from sglang_detspec.kernels.batch_invariant_gemm import BLOCK_K, GemmConfig, launch_config
+from sglang_detspec.kernels.batch_invariant_gemm import BLOCK_K, GemmConfig, launch_config, launch_plan
 
 TINY = {"tiny": (GemmShape("proj", 64, 32), GemmShape("fc", 128, 16, bias=True))}
 
@@ -66,9 +66,9 @@ def fake_timer(monkeypatch):
     state = {"config": "unset", "times": lambda config: 11.0}
     real_matmul = bench.matmul
 
-    def spy_matmul(a, b, bias=None, *, out_dtype=None, config=None):
-        state["config"] = config
-        return real_matmul(a, b, bias, out_dtype=out_dtype, config=config)
+    def spy_matmul(a, b, bias=None, *, out_dtype=None, config=None, split_k=None):
+        state["config"], state["split_k"] = config, split_k
+        return real_matmul(a, b, bias, out_dtype=out_dtype, config=config, split_k=split_k)
 
     def fake_graph_time_us(fn, args, calls_per_graph, replays):
         state["config"], state["other"] = "unset", 10.0  # cuBLAS leaves both as they are
@@ -99,9 +99,13 @@ def test_run_writes_one_row_per_shape_and_m_with_the_ratios(tmp_path, fake_timer
         assert (r["cublas_median_us"], r["plugin_median_us"], r["sglang_median_us"]) == (10.0, 11.0, 40.0)
         assert (r["plugin_over_cublas"], r["sglang_over_cublas"]) == (1.1, 4.0)
         assert r["plugin_config"] == launch_config(r["m"], r["k"], r["n"], bench.batch_invariant_gemm.INTERPRETER_SMS).short()
+        assert "split" not in r["plugin_config"]
         assert r["floor_us"] == round((r["k"] * r["n"] + r["m"] * (r["k"] + r["n"])) * 2 / 1000.0 / 1e3, 2)
         assert r["plugin_equals_sglang"] in (True, False)
     assert "goal: plugin within 1.25x of cuBLAS at every M in 1-512: MET" in logged
+    header = logged.index("plugin / cuBLAS     " + "     M=1     M=5   M=600")
+    assert logged[header + 1:header + 3] == ["tiny proj" + " " * 11 + "    1.10" * 3, "tiny fc" + " " * 13 + "    1.10" * 3]
+    assert logged[header + 4] == "tiny proj" + " " * 11 + "    4.00" * 3
     with open(tmp_path / "gemm_bench.csv") as f:
         assert len(list(csv.DictReader(f))) == 6
     meta = json.loads((tmp_path / "gemm_bench.json").read_text())["meta"]
@@ -123,8 +127,8 @@ def test_tune_picks_the_fastest_bit_identical_launch(tmp_path, fake_timer, monke
     fake_timer["times"] = lambda config: 0.5 if config == fastest else _unique_time(config)
     spy = bench.matmul
 
-    def perturbing(a, b, bias=None, *, out_dtype=None, config=None):
-        out = spy(a, b, bias, out_dtype=out_dtype, config=config)
+    def perturbing(a, b, bias=None, *, out_dtype=None, config=None, split_k=None):
+        out = spy(a, b, bias, out_dtype=out_dtype, config=config, split_k=split_k)
         if config == fastest:
             out = out.clone()
             out[0, 0] = out[0, 0] + 1
@@ -148,3 +152,16 @@ def test_tune_picks_the_fastest_bit_identical_launch(tmp_path, fake_timer, monke
     assert (tmp_path / "gemm_tune_table.py").read_text().endswith(text + "\n")
     with open(tmp_path / "gemm_tune.csv") as f:
         assert any(r["bit_identical"] == "False" for r in csv.DictReader(f))
+
+
+def test_run_with_a_forced_split_times_and_names_the_split(tmp_path, fake_timer):
+    rows = bench.run(tmp_path, pairs=["tiny"], ms=[2, 100], replays=2, log=lambda line: None,
+                     device=torch.device("cpu"), split_k=2)
+    sms = bench.batch_invariant_gemm.INTERPRETER_SMS
+    for r in rows:  # K = 64 is one slice: no split there; K = 128 splits in two
+        plan = launch_plan(r["m"], r["k"], r["n"], sms, 2)
+        assert plan.splits == (2 if r["k"] == 128 else 1)
+        suffix = "" if plan.splits == 1 else " split 2 folded" if r["m"] > 64 else " split 2"
+        assert r["plugin_config"] == plan.config.short() + suffix
+    assert fake_timer["split_k"] == 2  # the timed plugin call ran with the split
+    assert json.loads((tmp_path / "gemm_bench.json").read_text())["meta"]["split_k"] == 2

@@ -6,24 +6,21 @@ order no torch op reproduces); invariance is checked bit for bit by ``find_row_v
 shown to catch a deliberately M-dependent reduction.  torch and Triton only: never imports SGLang.
 """
 
-import dataclasses
-
 import pytest
 import torch
 
 from sglang_detspec.kernels import batch_invariant_gemm as gemm
 from sglang_detspec.kernels import launch_checks
 from sglang_detspec.kernels.batch_invariant_gemm import (
-    BLOCK_K,
     LAUNCH_TABLE,
     GemmConfig,
-    config_switch_points,
-    default_m_grid,
-    find_row_variance,
     launch_config,
+    launch_plan,
     matmul,
     matmul_reference,
+    split_plan,
 )
+from sglang_detspec.kernels.row_invariance import find_row_variance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ALL_CONFIGS = sorted({c for _, cands in LAUNCH_TABLE for c in cands}, key=lambda c: (c.block_m, c.block_n))
@@ -133,97 +130,9 @@ def test_rows_are_invariant_when_every_m_gets_another_launch():
 
 def test_default_launches_are_row_invariant():
     a, b, _ = _operands(64, 128, 96, dtype=torch.float16, seed=6)
-    ms = [m for m in default_m_grid(64) if m in (1, 2, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64)]
+    ms = [1, 2, 9, 15, 16, 17, 31, 32, 33, 40, 63, 64]
     assert find_row_variance(matmul, a, b, None, ms=ms) is None
     assert len({launch_config(m, 128, 96, gemm.INTERPRETER_SMS) for m in ms}) >= 3  # several launches compared
-
-
-def _block_k_32_below_8_rows(a, b, bias):
-    """A deliberately M-dependent reduction: K folded in 32-wide slices when there are fewer than 8 rows."""
-    config = launch_config(a.shape[0], a.shape[1], b.shape[1], gemm.INTERPRETER_SMS)
-    if a.shape[0] < 8:
-        config = dataclasses.replace(config, block_k=32)
-    return gemm._launch(a, b, bias, torch.float32, config)
-
-
-def test_self_check_catches_an_m_dependent_kernel():
-    a, b, bias = _operands(24, 256, 48, seed=7, bias_dtype=torch.bfloat16)
-    found = find_row_variance(_block_k_32_below_8_rows, a, b, bias, ms=[24, 16, 8, 5, 1])
-    assert found is not None and found.m == 5  # 24, 16 and 8 rows fold K in 64-wide slices like the full batch
-    full = _block_k_32_below_8_rows(a, b, bias)[:5].view(torch.int32)
-    part = _block_k_32_below_8_rows(a[:5], b, bias).view(torch.int32)
-    first = (part != full).reshape(-1).nonzero()[0].item()  # row-major first difference, found independently
-    assert (found.row, found.col) == divmod(first, 48)
-    assert found.value_at_m != found.value_full
-    assert f"row {found.row}, column {found.col}" in found.describe() and "5 rows" in found.describe()
-
-
-def test_self_check_catches_an_m_dependent_torch_reduction():
-    """A pure-torch GEMM that sums K in reverse for fewer than 8 rows (an order change, nothing else)."""
-
-    def reverse_k_below_8(a, b, bias):
-        if a.shape[0] < 8:
-            a, b = a.flip(1), b.flip(0)
-        out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32, device=a.device)
-        for k in range(a.shape[1]):  # explicit order: one rank-1 update at a time
-            out += a[:, k:k + 1].float() * b[k:k + 1, :].float()
-        return out
-
-    a, b, _ = _operands(10, 96, 16, seed=8)
-    found = find_row_variance(reverse_k_below_8, a, b, None, ms=[9, 8, 7, 1])
-    assert found is not None and found.m == 7
-
-
-def test_self_check_compares_bits_so_nan_rows_match_themselves():
-    a, b, _ = _operands(8, 64, 16, seed=9)
-    a[3, 5] = float("nan")
-    assert torch.isnan(matmul(a, b)[3]).all()
-    assert find_row_variance(matmul, a, b, None, ms=[1, 4, 5, 8]) is None
-
-
-def test_self_check_reports_a_result_whose_shape_depends_on_m():
-    a, b, _ = _operands(8, 64, 16)
-    found = find_row_variance(lambda x, w, bias: matmul(x, w)[:, :-1] if x.shape[0] < 4 else matmul(x, w), a, b,
-                              None, ms=[8, 2])
-    assert found is not None and (found.m, found.row, found.col) == (2, 0, 0)
-
-
-def test_self_check_refuses_m_outside_the_rows():
-    a, b, _ = _operands(8, 64, 16)
-    with pytest.raises(ValueError, match="every m must be in 1..8"):
-        find_row_variance(matmul, a, b, None, ms=[0])
-    with pytest.raises(ValueError, match="every m must be in 1..8"):
-        find_row_variance(matmul, a, b, None, ms=[9])
-
-
-def test_default_m_grid_covers_small_m_powers_of_two_and_table_bounds():
-    grid = default_m_grid(8192, boundaries=[1000])
-    assert grid == sorted(set(grid)) and grid[0] == 1 and grid[-1] == 8192
-    assert set(range(1, 65)) <= set(grid)
-    for edge in (128, 256, 1024, 4096, 8192, 1000, 16, 32, 64):
-        assert {edge - 1, edge} <= set(grid) and (edge + 1 in grid or edge == 8192)
-    gaps = [y / x for x, y in zip(grid, grid[1:]) if x > 64]
-    assert max(gaps) < 1.13  # dense between the edges too (about 12 values per octave)
-    assert any(m % 2 == 1 and m > 1000 for m in grid)
-    assert default_m_grid(3) == [1, 2, 3]
-    with pytest.raises(ValueError, match="max_m must be >= 1"):
-        default_m_grid(0)
-
-
-@pytest.mark.parametrize("k,n", [(2048, 2048), (14336, 4096), (4096, 128256)])
-def test_launch_config_follows_the_table_and_switch_points_are_exact(k, n):
-    sms = 132
-    previous = None
-    points = set(config_switch_points(600, k, n, sms))
-    for m in range(1, 601):
-        config = launch_config(m, k, n, sms)
-        assert config.block_k == BLOCK_K
-        bucket = next(cands for bound, cands in LAUNCH_TABLE if m <= bound)
-        assert config in bucket
-        if config.programs(m, n) < sms:  # too few programs: no candidate of the bucket launches more
-            assert all(c.programs(m, n) <= config.programs(m, n) for c in bucket)
-        assert (m in points) == (previous is not None and config != previous)
-        previous = config
 
 
 def test_launch_config_gives_small_m_long_k_weights_narrow_tiles():
@@ -272,6 +181,76 @@ def test_int64_flags_follow_the_largest_offset():
     assert gemm._int64_flags(meta(2**14 + 1, k), meta(2**17 - 1, k).t(), config)[2] is True
 
 
+# ---- split-K ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k,split_k,splits", [(200, 2, 2), (256, 4, 4), (100, 8, 2), (1000, 3, 3)])
+def test_split_k_is_the_product_within_rounding(k, split_k, splits):
+    assert split_plan(k, split_k)[0] == splits
+    for dtype in (torch.bfloat16, torch.float16):
+        a, b, bias = _operands(6, k, 40, dtype, seed=k, bias_dtype=dtype)
+        for out_dtype in (None, torch.float32):
+            got = matmul(a, b, bias, split_k=split_k, out_dtype=out_dtype)
+            _assert_within_rounding(got, a, b, bias)
+
+
+def test_split_plan_cuts_k_in_whole_slices_fixed_by_k():
+    assert split_plan(5632, 4) == (4, 1408)  # 88 slices: 22 per split
+    assert split_plan(14336, 3) == (3, 4800)  # 224 slices: 75, 75, 74
+    assert split_plan(100, 8) == (2, 64)  # never an empty split
+    assert split_plan(64, 4) == (1, 64) and split_plan(0, 4) == (1, 0) and split_plan(4096, 1) == (1, 4096)
+
+
+def test_split_k_changes_the_reduction_but_not_with_m(monkeypatch):
+    """A split is another sum order (so its bits differ from the unsplit ones), the same for every m: the small-m
+    programs-per-split path and the large-m folded path agree bit for bit, whatever tile each m gets."""
+    monkeypatch.setattr(gemm, "SPLIT_PROGRAMS_MAX_M", 8)
+    a, b, bias = _operands(40, 256, 48, bias_dtype=torch.float32, seed=21)
+    assert not launch_plan(8, 256, 48, gemm.INTERPRETER_SMS, 3).fold_splits
+    assert launch_plan(9, 256, 48, gemm.INTERPRETER_SMS, 3).fold_splits
+    unsplit = matmul(a, b, bias, out_dtype=torch.float32)
+    split = matmul(a, b, bias, out_dtype=torch.float32, split_k=3)
+    assert not torch.equal(split, unsplit)
+
+    def cycling(x, w, bias_):
+        config = ALL_CONFIGS[x.shape[0] % len(ALL_CONFIGS)]
+        return matmul(x, w, bias_, out_dtype=torch.float32, split_k=3, config=config)
+
+    assert find_row_variance(cycling, a, b, bias, ms=[1, 3, 7, 8, 9, 16, 17, 33, 39]) is None
+    assert find_row_variance(lambda x, w, b_: matmul(x, w, b_, split_k=3), a, b, bias, ms=[1, 8, 9, 40]) is None
+
+
+def test_split_k_table_applies_per_weight_shape(monkeypatch):
+    a, b, _ = _operands(12, 256, 32, seed=22)
+    monkeypatch.setitem(gemm.SPLIT_K_TABLE, (256, 32), 4)
+    assert torch.equal(matmul(a, b, out_dtype=torch.float32), matmul(a, b, out_dtype=torch.float32, split_k=4))
+    assert launch_plan(12, 256, 32, 132).splits == 4 and launch_plan(12, 256, 64, 132).splits == 1
+    assert launch_config(300, 4096, 128256, 132) == GemmConfig(128, 256, 8, 3)
+    folded = launch_plan(300, 4096, 128256, 132, split_k=2)  # two accumulators: no 128x256 tile
+    assert folded.fold_splits and folded.config == GemmConfig(128, 128, 8, 3)
+    gemm._check_tables()
+    monkeypatch.setitem(gemm.SPLIT_K_TABLE, (256, 32), 0)
+    with pytest.raises(RuntimeError, match=r"SPLIT_K_TABLE\[\(256, 32\)\] must be an int >= 1"):
+        gemm._check_tables()
+
+
+def test_split_launch_counts_split_programs_at_small_m():
+    # mid-size down at M = 4: 2048 columns in 16-wide tiles are 128 programs; 4 splits make 512, so a wider tile
+    # already fills 132 SMs
+    unsplit = launch_config(4, 5632, 2048, 132)
+    split = launch_plan(4, 5632, 2048, 132, split_k=4)
+    assert unsplit.block_n == 16 and split.config.block_n > 16 and split.config.programs(4, 2048) * 4 >= 132
+
+
+@pytest.mark.parametrize("m", [5, 40])  # programs per split, folded
+def test_split_int64_offset_launch_gives_the_int32_launch_bits(monkeypatch, m):
+    monkeypatch.setattr(gemm, "SPLIT_PROGRAMS_MAX_M", 8)
+    a, b, bias = _operands(m, 200, 40, bias_dtype=torch.bfloat16, seed=23)
+    want = matmul(a, b, bias, out_dtype=torch.float32, split_k=2)
+    monkeypatch.setattr(gemm, "_int64_flags", lambda *args: (True, True, True))
+    assert torch.equal(matmul(a, b, bias, out_dtype=torch.float32, split_k=2), want)
+
+
 @pytest.mark.parametrize(
     "call,message",
     [
@@ -284,6 +263,8 @@ def test_int64_flags_follow_the_largest_offset():
         (lambda a, b: matmul(a, b, torch.zeros(16, dtype=torch.int32, device=a.device)), "bias must be bfloat16"),
         (lambda a, b: matmul(a, b, out_dtype=torch.int8), "out_dtype must be None"),
         (lambda a, b: matmul(a, b, config=GemmConfig(16, 16, block_k=32)), "config.block_k must be BLOCK_K = 64"),
+        (lambda a, b: matmul(a, b, split_k=0), "split_k must be None"),
+        (lambda a, b: matmul(a, b, split_k=2.0), "split_k must be None"),
     ],
 )
 def test_invalid_inputs_are_refused_with_the_fix(call, message):
@@ -295,7 +276,9 @@ def test_invalid_inputs_are_refused_with_the_fix(call, message):
 @pytest.mark.parametrize("kwargs,message", [
     ({"block_m": 24, "block_n": 16}, "block_m must be a power of two >= 16"),
     ({"block_m": 16, "block_n": 8}, "block_n must be a power of two >= 16"),
+    ({"block_m": 16, "block_n": 16, "block_k": 48}, "block_k must be a power of two >= 16"),
     ({"block_m": 16, "block_n": 16, "num_warps": 3}, "num_warps must be a power of two"),
+    ({"block_m": 16, "block_n": 16, "group_size_m": 0}, "group_size_m must be >= 1"),
     ({"block_m": 16, "block_n": 16, "num_stages": 0}, "num_stages must be >= 1"),
 ])
 def test_gemm_config_refuses_launches_triton_cannot_build(kwargs, message):
