@@ -209,7 +209,7 @@ def self_check_gemm(
     """
     import torch
 
-    from sglang_detspec.kernels.batch_invariant_gemm import config_switch_points, default_m_grid, find_row_variance
+    from sglang_detspec.kernels.row_invariance import config_switch_points, default_m_grid, find_row_variance
 
     mm = torch.mm if mm is None else mm
     generator = torch.Generator(device="cpu").manual_seed(seed)
