@@ -149,11 +149,13 @@ def test_dry_run_draft_tokens_follow_the_steps(tmp_path):
     assert opt(args, "--speculative-num-steps") == "5"
     assert opt(args, "--speculative-num-draft-tokens") == "6"
     assert "steps 5, topk 1, draft tokens 6" in proc.stderr and "note: SGLang resolves" not in proc.stderr
-    # An explicit value SGLang overrides is named, so the printed command does not mislead.
+    # An explicit value off the chain is refused (SGLang alone would quietly reset it to steps + 1).
     proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy",
                "--num-draft-tokens", "7")
-    assert proc.returncode == 0, proc.stderr
-    assert "note: SGLang resolves --speculative-num-draft-tokens 7 to 4" in proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang-detspec serve: error: sglang-detspec refuses the launch: ")
+    assert "--speculative-num-draft-tokens 7" in last and "--speculative-num-steps 3" in last
 
 
 def test_dry_run_of_an_unreadable_model_fails_like_the_launch(tmp_path):
