@@ -205,6 +205,7 @@ def cmd_serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                                    "neither parsed nor resolved; install sglang to validate it here"]:
             print(line, file=sys.stderr)
         return EXIT_OK
+    serve.check_sglang_parses(cmd[3:])  # one line for a flag SGLang rejects, not its whole usage
     if not serve.plugin_installed():
         print(
             f"warning: the sglang-detspec entry point is not installed in this environment, so SGLang will not "
