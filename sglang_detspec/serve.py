@@ -16,20 +16,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
-from sglang_detspec.tiny_models import TINY_PAIRS, ensure_tiny_models, server_flags
+from sglang_detspec.tiny_models import MAX_POS, TINY_PAIRS, ensure_tiny_models, server_flags
 
 # DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
 __all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
            "resolve_launch", "check_sglang_parses", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
 
 
-# The tiny pair is served with room for prompts of 16,384 tokens, prefilled in chunks of 4096 (the deterministic
-# prefill alignment of the triton backend, the smallest safe chunk), so that `check`'s long profile really splits
-# prompts into chunks beside the probe. The tiny configs declare 8192 positions (RoPE itself has no limit), hence
-# SGLang's switch for a longer --context-length.
-TINY_CONTEXT_LENGTH = 16384
+# The tiny pair is served with room for prompts of 16,384 tokens (the positions its configs declare), prefilled in
+# chunks of 4096 (the deterministic prefill alignment of the triton backend, the smallest safe chunk), so that
+# `check`'s long profile really splits prompts into chunks beside the probe.
+TINY_CONTEXT_LENGTH = MAX_POS
 TINY_CHUNKED_PREFILL_SIZE = 4096
-TINY_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
 @dataclass
@@ -87,7 +85,7 @@ def build_serve_command(
         model_path = str(models.target)
         draft_model_path = str(models.eagle3_draft if algorithm.startswith("DETSPEC_EAGLE3") else models.eagle_draft)
         # The tiny models carry a local tokenizer (and generated or dummy weights): nothing may be downloaded.
-        for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **TINY_CONTEXT_ENV}.items():
+        for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
             if env.get(k) != v:
                 env_changes[k] = v
 
