@@ -282,8 +282,15 @@ def test_csv_and_json_round_trip(tmp_path):
     assert doc["rows"][6]["output_tok_s"] == 240.0
 
 
+def test_the_test_extra_installs_the_plot_library():
+    # The README's set-up installs .[test]; without matplotlib there, the plot test below cannot run.
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(re.match(r"matplotlib\b", requirement) for requirement in extras["test"]), extras["test"]
+
+
 def test_plot_is_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
     path = tmp_path / "p.png"
     results.write_plot(path, ROWS, {c.name: c.label for c in cfgs.CONFIGS}, title="t")
     data = path.read_bytes()
