@@ -419,7 +419,8 @@ def main(argv=None) -> int:
     if any(r.retractions for r in runs):
         print("note: the KV pool filled during " + ", ".join(f"{r.server} {r.mode} ({r.retractions})"
                                                            for r in runs if r.retractions)
-              + "; a retracted request is re-prefilled and may change its continuation (README, known limits)")
+              + "; a retracted request is re-prefilled (DETSPEC replays it and aborts it if a token differs; "
+                 "README, 'Allowed, and how it behaves')")
     verdict = {0: "PASS: DETSPEC_EAGLE gave one output per prompt in every mode, and the control varied",
                1: "FAIL: " + ("DETSPEC_EAGLE's outputs differed" if not all(
                    is_deterministic(r.groups) for r in runs if r.server == DETSPEC_SERVER)

@@ -101,7 +101,7 @@ EAGLE3_AUX_LAYER_IDS = [1, 3, 4]
 # ``sglang.launch_server`` flags for serving the tiny pair, shared by ``sglang-detspec serve`` and the end-to-end
 # tests. This exact set served DETSPEC_EAGLE / DETSPEC_EAGLE3 on the H200 (sglang 0.5.17). (A "hang" once blamed
 # on SGLang's default sizes was a probe racing SGLang's greedy warm-up request into one batch, which made 0.5.17
-# JIT-compile flashinfer's top-k renorm kernel; ``check --wait`` now waits for /health. See README.)
+# JIT-compile flashinfer's top-k renorm kernel; ``check --wait`` now waits for /health. See docs/upstream.md.)
 _DUMMY_LOAD_FLAGS = (
     ("--load-format", ("dummy",)),  # weights from a fixed seed: identical every launch, nothing to download
     ("--speculative-draft-load-format", ("dummy",)),

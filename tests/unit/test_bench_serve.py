@@ -1,6 +1,6 @@
 """``sglang-detspec bench-serve`` on CPU: its arguments, the configuration table's server flags, the bench_serving
 command, reading bench_serving's result lines, the ratios, the CSV / JSON / PNG outputs and the step breakdown's
-arithmetic. The GPU run itself is in the README (``bench-serve`` on the H200)."""
+arithmetic. The GPU runs themselves are in docs/results.md (``bench-serve`` on the H200)."""
 
 from __future__ import annotations
 
