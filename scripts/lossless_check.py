@@ -240,12 +240,11 @@ def server_specs(models, args) -> Dict[str, server_process.ServerSpec]:
     det = ["--enable-deterministic-inference"]
     detspec = base + tiny_servers.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
     control_path = os.pathsep.join([str(CONTROL_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = dict(tiny_servers.LONG_CONTEXT_ENV)
     spec = server_process.ServerSpec
     return {
-        "detspec": spec("detspec", detspec, env=env),
-        "baseline": spec("baseline", base + det, env=env),
-        "control": spec("control", detspec, env=dict(env, PYTHONPATH=control_path)),
+        "detspec": spec("detspec", detspec),
+        "baseline": spec("baseline", base + det),
+        "control": spec("control", detspec, env={"PYTHONPATH": control_path}),
     }
 
 

@@ -279,12 +279,11 @@ def accept_length(server: server_process.Server) -> Optional[float]:
 def server_specs(models, pair: str) -> Dict[str, server_process.ServerSpec]:
     """The two servers, as the E2E tests define ``detspec_eagle_graph`` and ``builtin_eagle_rs``."""
     base = tiny_servers.common_args(models.target, pair)
-    env = dict(tiny_servers.LONG_CONTEXT_ENV)
     args = {
         DETSPEC_SERVER: base + tiny_servers.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True),
         CONTROL_SERVER: base + tiny_servers.eagle_args(models.eagle_draft, "EAGLE", rejection_sampling=True),
     }
-    return {name: server_process.ServerSpec(name, argv, env=dict(env)) for name, argv in args.items()}
+    return {name: server_process.ServerSpec(name, argv) for name, argv in args.items()}
 
 
 def preflight() -> None:
@@ -420,7 +419,8 @@ def main(argv=None) -> int:
     if any(r.retractions for r in runs):
         print("note: the KV pool filled during " + ", ".join(f"{r.server} {r.mode} ({r.retractions})"
                                                            for r in runs if r.retractions)
-              + "; a retracted request is re-prefilled and may change its continuation (README, known limits)")
+              + "; a retracted request is re-prefilled (DETSPEC replays it and aborts it if a token differs; "
+                 "README, 'Allowed, and how it behaves')")
     verdict = {0: "PASS: DETSPEC_EAGLE gave one output per prompt in every mode, and the control varied",
                1: "FAIL: " + ("DETSPEC_EAGLE's outputs differed" if not all(
                    is_deterministic(r.groups) for r in runs if r.server == DETSPEC_SERVER)

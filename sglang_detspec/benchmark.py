@@ -305,8 +305,10 @@ def _write(out_dir: Path, rows: List[Dict], bw: float, log) -> None:
     log(f"wrote {png}")
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_sampler", description=__doc__.split("\n\n")[0])
+def main(argv: Optional[List[str]] = None, prog: str = "bench_sampler") -> int:
+    """Run the benchmark; ``prog`` names the command in usage and error lines (``sglang-detspec bench`` from the
+    CLI, ``bench_sampler`` from scripts/bench/bench_sampler.py)."""
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory (CSV, JSON, PNG)")
     ap.add_argument("--quick", action="store_true", help="fewer replays (about 20 s in total)")
     ap.add_argument("--calls-per-graph", type=int, default=10)
@@ -315,7 +317,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch", type=int, nargs="*", default=list(BATCHES))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("bench_sampler: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
+        print(f"{prog}: error: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
               "(run scripts/run_gpu_checks.sh OUTDIR --only bench on a GPU machine)", file=sys.stderr)
         return 2
     rows = run(args.out, quick=args.quick, calls_per_graph=args.calls_per_graph, replays=args.replays,

@@ -39,7 +39,8 @@ examples:
   {PROG} bench                                  # GPU: fused sampler vs upstream, CSV + PNG
   {PROG} bench-serve --out results/serve        # GPU: serving throughput of 4 configurations, CSV + JSON + PNG
 
-exit codes: 0 all good; 1 a checked property does not hold; 2 the command could not run.
+exit codes: {EXIT_OK} all good; {EXIT_FAIL} a checked property does not hold; {EXIT_ERROR} the command could not run;
+  {checker.EXIT_INCONCLUSIVE} inconclusive (check: everything matched, but no pressure trial retracted the probe).
 """
 
 _SERVE_DESCRIPTION = """\
@@ -205,6 +206,7 @@ def cmd_serve(args: argparse.Namespace, passthrough: list[str]) -> int:
                                    "neither parsed nor resolved; install sglang to validate it here"]:
             print(line, file=sys.stderr)
         return EXIT_OK
+    serve.check_sglang_parses(cmd[3:])  # one line for a flag SGLang rejects, not its whole usage
     if not serve.plugin_installed():
         print(
             f"warning: the sglang-detspec entry point is not installed in this environment, so SGLang will not "
@@ -266,7 +268,7 @@ def _benchmark_help(main_fn) -> str:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        main_fn(["--help"])
+        main_fn(["--help"], prog=f"{PROG} bench")
     text = out.getvalue()
     _, sep, options = text.partition("options:")
     if not sep:
@@ -281,7 +283,7 @@ def cmd_bench(args: argparse.Namespace, passthrough: list[str]) -> int:
     if args.help:
         print(args.format_help().rstrip() + "\n\n" + _benchmark_help(main_fn).rstrip())
         return EXIT_OK
-    return int(main_fn(list(passthrough)) or 0)
+    return int(main_fn(list(passthrough), prog=f"{PROG} bench") or 0)
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:

@@ -16,20 +16,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
-from sglang_detspec.tiny_models import TINY_PAIRS, ensure_tiny_models, server_flags
+from sglang_detspec.tiny_models import MAX_POS, TINY_PAIRS, ensure_tiny_models, server_flags
 
 # DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
 __all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
-           "resolve_launch", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
+           "resolve_launch", "check_sglang_parses", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
 
 
-# The tiny pair is served with room for prompts of 16,384 tokens, prefilled in chunks of 4096 (the deterministic
-# prefill alignment of the triton backend, the smallest safe chunk), so that `check`'s long profile really splits
-# prompts into chunks beside the probe. The tiny configs declare 8192 positions (RoPE itself has no limit), hence
-# SGLang's switch for a longer --context-length.
-TINY_CONTEXT_LENGTH = 16384
+# The tiny pair is served with room for prompts of 16,384 tokens (the positions its configs declare), prefilled in
+# chunks of 4096 (the deterministic prefill alignment of the triton backend, the smallest safe chunk), so that
+# `check`'s long profile really splits prompts into chunks beside the probe.
+TINY_CONTEXT_LENGTH = MAX_POS
 TINY_CHUNKED_PREFILL_SIZE = 4096
-TINY_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
 @dataclass
@@ -87,7 +85,7 @@ def build_serve_command(
         model_path = str(models.target)
         draft_model_path = str(models.eagle3_draft if algorithm.startswith("DETSPEC_EAGLE3") else models.eagle_draft)
         # The tiny models carry a local tokenizer (and generated or dummy weights): nothing may be downloaded.
-        for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **TINY_CONTEXT_ENV}.items():
+        for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
             if env.get(k) != v:
                 env_changes[k] = v
 
@@ -126,7 +124,62 @@ def build_serve_command(
         if flag not in given:
             cmd += [flag, *values]
     cmd += list(passthrough)
+    _check_values(cmd[3:])
     return cmd, env_changes
+
+
+def _looks_local(path: str) -> bool:
+    """A path no Hugging Face repo id can be (``ORG/NAME`` is relative and has no ``.``/``..``/``~`` first part)."""
+    return os.path.isabs(path) or path.startswith(("~", "./", "../", ".\\", "..\\")) or path in (".", "..")
+
+
+def _check_values(argv: Sequence[str]) -> None:
+    """Refuse values SGLang's parser accepts but no launch can use, naming the flag and the valid range: a port
+    outside 1..65535, a memory fraction outside (0, 1], a local model path that does not exist (SGLang would
+    report it as a malformed Hugging Face repo id)."""
+    port = _flag_value(argv, "--port")
+    if port is not None:
+        try:
+            port_ok = 1 <= int(port) <= 65535
+        except ValueError:
+            port_ok = False
+        if not port_ok:
+            raise CliError(f"--port {port}: a TCP port is an integer in 1..65535")
+    fraction = _flag_value(argv, "--mem-fraction-static")
+    if fraction is not None:
+        try:
+            fraction_ok = 0 < float(fraction) <= 1
+        except ValueError:
+            fraction_ok = False
+        if not fraction_ok:
+            raise CliError(f"--mem-fraction-static {fraction}: a fraction of the GPU's memory, 0 < x <= 1 "
+                           "(e.g. 0.8)")
+    for flag in ("--model-path", "--speculative-draft-model-path"):
+        path = _flag_value(argv, flag)
+        if path is not None and _looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+            raise CliError(f"{flag} {path}: no such file or directory (a local model is a directory with "
+                           "config.json; a Hugging Face model is named ORG/NAME)")
+
+
+def check_sglang_parses(argv: Sequence[str]) -> None:
+    """Parse ``argv`` with SGLang's own launch_server options; a rejected flag or value becomes one
+    :class:`CliError` line (argparse would print SGLang's whole usage, hundreds of lines, before it).
+
+    A ``--config`` file is left to SGLang (its options are merged into ``argv`` by SGLang's own loader).
+    """
+    if "--config" in argv:
+        return
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str):
+            raise CliError(f"sglang.launch_server rejects the command: {message}")
+
+    parser = _Parser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    parser.parse_args(list(argv))
 
 
 def printable_command(cmd: Sequence[str], env_changes: dict[str, str | None]) -> str:
@@ -199,11 +252,14 @@ def resolve_launch(cmd: Sequence[str], env_changes: dict[str, str | None]) -> li
 
         from sglang_detspec.integration import compat
 
+        check_sglang_parses(argv)
         load_plugins()
         server_args = prepare_server_args(argv)
         resolve_once = getattr(server_args, "resolve_once", None)  # 0.5.23; 0.5.17 resolves in __post_init__
         if resolve_once is not None:
             resolve_once()
+    except CliError:
+        raise
     except SystemExit as e:  # SGLang's argparse printed the reason (an unknown or malformed flag) above
         raise CliError(f"sglang.launch_server's parser rejects the command (exit {e.code}; its message is above)") from None
     except Exception as e:

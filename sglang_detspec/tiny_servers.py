@@ -10,16 +10,17 @@ import os
 from pathlib import Path
 from typing import List
 
-__all__ = ["SPEC_SHAPE", "CUDA_GRAPH_MAX_BS", "CONTEXT_LENGTH", "LONG_CONTEXT_ENV", "GRAPHS_OFF", "tiny_pair",
+from sglang_detspec.tiny_models import MAX_POS  # standard library only at import
+
+__all__ = ["SPEC_SHAPE", "CUDA_GRAPH_MAX_BS", "CONTEXT_LENGTH", "GRAPHS_OFF", "tiny_pair",
            "common_args", "eagle_args"]
 
 SPEC_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 # Decode batches 1..8 replay CUDA graphs, 9..16 run eagerly: the 16 trials cover both paths.
 CUDA_GRAPH_MAX_BS = 8
 #: Context length of every E2E server: the long traffic profile sends prompts up to 10,000 tokens. The tiny
-#: models' config says 8192 positions (RoPE has no hard limit), hence SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
-CONTEXT_LENGTH = 16384
-LONG_CONTEXT_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+#: models' configs declare exactly these positions.
+CONTEXT_LENGTH = MAX_POS
 GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
 
 

@@ -8,6 +8,7 @@ readable line, never a traceback) when the server cannot be checked.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import threading
@@ -301,7 +302,8 @@ def _coverage_warnings(name: str, trials: list[Trial], lengths: tr.LongLengths |
     return out
 
 
-def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, traffic) -> tuple[str, ...]:
+def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, traffic, timeout=120.0,
+              wait=0.0) -> tuple[str, ...]:
     if isinstance(traffic, str):
         try:
             traffic = tr.parse_traffic(traffic)
@@ -318,8 +320,13 @@ def _validate(*, trials, max_fillers, max_new_tokens, temperature, seeds, seed, 
         raise CliError("--max-fillers 0 leaves the mixed profile without fillers; give >= 1 or leave it out of --traffic")
     if max_new_tokens < 1:
         raise CliError("--max-new-tokens must be >= 1")
-    if temperature < 0:
-        raise CliError("--temperature must be >= 0")
+    # NaN passes every comparison's negation and inf is no temperature or time: both refused by name.
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise CliError(f"--temperature must be a finite number >= 0 (0: greedy), got {temperature}")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise CliError(f"--timeout must be a finite number of seconds > 0 (per response), got {timeout}")
+    if not (math.isfinite(wait) and wait >= 0):
+        raise CliError(f"--wait must be a finite number of seconds >= 0 (0: do not wait), got {wait}")
     if seeds is not None and len(set(seeds)) < 2:
         raise CliError("--seeds needs at least two distinct seeds")
     for s in [seed, *(seeds or ())]:
@@ -357,7 +364,8 @@ def run_check(
     (:class:`~sglang_detspec.checker.report.AgainstCheck`; logprobs are not compared across servers).
     """
     profiles = _validate(trials=trials, max_fillers=max_fillers, max_new_tokens=max_new_tokens,
-                         temperature=temperature, seeds=seeds, seed=seed, traffic=traffic)
+                         temperature=temperature, seeds=seeds, seed=seed, traffic=traffic, timeout=timeout,
+                         wait=wait)
     pressure_fillers = tr.PRESSURE_MAX_FILLERS if "pressure" in profiles else 0
     workers = max(max_fillers, tr.LONG_FILLERS_PER_TRIAL, 3, pressure_fillers) + 2
     client = Client(url, timeout=timeout, api_key=api_key, pool_size=workers)

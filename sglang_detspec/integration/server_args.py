@@ -11,7 +11,7 @@ scheduler. The plugin wraps that one resolution (``HookRegistry`` AROUND hook on
 1. refuses flags that cannot give reproducible output (see "Refused flags"), naming the flag and what to do;
 2. fills the linear-chain defaults: ``--speculative-eagle-topk 1``; ``--speculative-num-steps 3`` unless
    given (``--speculative-num-draft-tokens - 1`` if only that is given);
-   ``--speculative-num-draft-tokens = steps + 1``;
+   ``--speculative-num-draft-tokens = steps + 1`` (a value given off the chain is refused in step 1);
 3. runs SGLang's *own* resolution with the algorithm name set to the builtin twin (``EAGLE`` /
    ``EAGLE3``) and rejection sampling off, so every resolution step behaves exactly as for upstream EAGLE:
    ``_handle_eagle_family`` (``--max-running-requests`` default 48, draft path = model path for DeepSeek-
@@ -169,6 +169,17 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
             f"--speculative-eagle-topk {topk}",
             "rejection sampling is implemented for the linear (topk 1) draft chain only",
             "Drop the flag; DETSPEC algorithms default to --speculative-eagle-topk 1.",
+        )
+    steps, tokens = _flag(server_args, "speculative_num_steps"), _flag(server_args, "speculative_num_draft_tokens")
+    chain_steps = int(steps) if steps is not None else int(tokens) - 1 if tokens is not None else None
+    if tokens is not None and (chain_steps < 1 or int(tokens) != chain_steps + 1):
+        # SGLang's own resolution would reset it to steps + 1 with a log line; an explicit flag is not rewritten.
+        given = f" and --speculative-num-steps {steps}" if steps is not None else ""
+        raise _refuse(
+            name,
+            f"--speculative-num-draft-tokens {tokens}{given}",
+            "a linear (topk 1) draft chain verifies exactly --speculative-num-steps + 1 tokens (at least 2)",
+            "Leave --speculative-num-draft-tokens unset (it defaults to --speculative-num-steps + 1).",
         )
     if _flag(server_args, "speculative_adaptive", False):
         raise _refuse(

@@ -71,9 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "decode step in draft forward, draft sampling, verify forward, verify sampling, bookkeeping")
     p.add_argument("--breakdown-concurrency", type=int, default=None,
                    help=f"concurrency of the breakdown run (default: {d.breakdown_concurrency})")
-    p.add_argument("--hidden", type=int, default=None, help="mid-size pair: hidden size (default 2048)")
-    p.add_argument("--layers", type=int, default=None, help="mid-size pair: target layers (default 16)")
-    p.add_argument("--vocab", type=int, default=None, help="mid-size pair: vocabulary (default 32000)")
+    p.add_argument("--hidden", type=int, default=None,
+                   help=f"mid-size pair: hidden size, a multiple of {HIDDEN_STEP} (default 2048)")
+    p.add_argument("--layers", type=int, default=None, help="mid-size pair: target layers, >= 1 (default 16)")
+    from sglang_detspec.midsize_models import MAX_VOCAB, MIN_VOCAB  # no torch: cheap
+
+    p.add_argument("--vocab", type=int, default=None,
+                   help=f"mid-size pair: vocabulary, {MIN_VOCAB}..{MAX_VOCAB} (default 32000)")
     p.add_argument("--models-dir", type=Path, default=None,
                    help="where the mid-size pair is generated and cached (default: $TMPDIR/sglang-detspec-models)")
     p.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for one server (default 420)")
@@ -94,21 +98,37 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
 
 #: The benchmark's pairs: (hidden, layers, query heads, kv heads, MLP, vocab) of the target.
 PAIRS = {"midsize": (2048, 16, 16, 8, 5632, 32000), "llama8b": (4096, 32, 32, 8, 14336, 128256)}
+#: Attention heads of a resized pair are 128 wide, with half as many key-value heads: --hidden must give an
+#: even number of whole heads.
+HEAD_DIM = 128
+HIDDEN_STEP = 2 * HEAD_DIM
 
 
 def shape_from_args(args: argparse.Namespace):
-    from sglang_detspec.midsize_models import MidsizeShape
+    """The pair's shape from --pair, resized by --hidden / --layers / --vocab (None: the pair's own); a size no pair
+    can have raises ValueError naming the flag and its valid range (never a silent default, never a one-head model)."""
+    from sglang_detspec.midsize_models import MAX_VOCAB, MIN_VOCAB, MidsizeShape
 
     hidden, layers, heads, kv_heads, intermediate, vocab = PAIRS[getattr(args, "pair", None) or "midsize"]
     base = MidsizeShape(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
                         vocab=vocab)
     if args.hidden is None and args.layers is None and args.vocab is None:
         return base
-    hidden = args.hidden or base.hidden
-    # Heads of 128 like the default; the MLP keeps the default's 2.75 x hidden (rounded to 256).
-    heads = max(1, hidden // 128)
-    return MidsizeShape(hidden=hidden, layers=args.layers or base.layers, heads=heads, kv_heads=max(1, heads // 2),
-                        intermediate=(hidden * 11 // 4 + 255) // 256 * 256, vocab=args.vocab or base.vocab)
+    hidden = base.hidden if args.hidden is None else args.hidden
+    layers = base.layers if args.layers is None else args.layers
+    vocab = base.vocab if args.vocab is None else args.vocab
+    if hidden < HIDDEN_STEP or hidden % HIDDEN_STEP:
+        raise ValueError(f"--hidden {hidden}: must be a positive multiple of {HIDDEN_STEP} (heads of {HEAD_DIM}, half "
+                         f"as many key-value heads), e.g. {base.hidden}")
+    if layers < 1:
+        raise ValueError(f"--layers {layers}: the target needs at least 1 layer (default {base.layers})")
+    if not MIN_VOCAB <= vocab <= MAX_VOCAB:
+        raise ValueError(f"--vocab {vocab}: must be in {MIN_VOCAB}..{MAX_VOCAB} (the generated tokenizer's range; "
+                         f"default {base.vocab})")
+    heads = hidden // HEAD_DIM
+    # The MLP keeps the default's 2.75 x hidden (rounded to 256).
+    return MidsizeShape(hidden=hidden, layers=layers, heads=heads, kv_heads=heads // 2,
+                        intermediate=(hidden * 11 // 4 + 255) // 256 * 256, vocab=vocab)
 
 
 def dry_run_text(settings: _configs.BenchSettings, shape, out: Path) -> str:

@@ -48,7 +48,6 @@ from sglang_detspec.tiny_servers import (  # noqa: F401 (re-exported)
     CONTEXT_LENGTH,
     CUDA_GRAPH_MAX_BS,
     GRAPHS_OFF,
-    LONG_CONTEXT_ENV,
     SPEC_SHAPE,
     common_args,
     eagle_args,
@@ -166,7 +165,7 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     rs = ["--speculative-use-rejection-sampling"]
     # The two configurations scripts/run_sglang_harness.py also serves: built by the one shared helper.
     detspec = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
-    control_env = with_control(UPSTREAM_SAMPLER_CONTROL, LONG_CONTEXT_ENV)
+    control_env = with_control(UPSTREAM_SAMPLER_CONTROL, {})
     specs = [
         ServerSpec("detspec_eagle_graph", detspec),
         ServerSpec("detspec_eagle_nograph", detspec + GRAPHS_OFF),
@@ -197,8 +196,6 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
-    for spec in specs:
-        spec.env = {**LONG_CONTEXT_ENV, **spec.env}
     return {spec.name: spec for spec in specs}
 
 

@@ -98,7 +98,7 @@ CONFIGS = {
 }
 #: Configurations whose rows go through top-k / top-p: they need the reference's token-id sampler.
 TRUNCATED = ("t1.0_top_p0.9",)
-MIN_IDENTICAL = 0.99  # the goal is 1.0: the exact fraction is recorded, the README states it
+MIN_IDENTICAL = 0.99  # the goal is 1.0: the exact fraction is recorded, docs/results.md states it
 CONTROL_MAX_IDENTICAL = 0.5
 MIN_ACCEPT_LENGTH = 1.5  # module docstring: ~2.1-2.3 expected, ~1.14 with the wrong key
 MIN_DISTINCT = 0.5  # of the reference's sequences: the seeds are honoured

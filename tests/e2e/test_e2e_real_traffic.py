@@ -16,8 +16,8 @@ Controls that must fail, so the tests above can fail:
   tests/e2e/controls/) gives several outputs under the mixed profile.
 
 Built-in EAGLE is not run under the mixed profile: on SGLang 0.5.17 a batch mixing greedy and sampled rows makes its
-verify JIT-compile FlashInfer's top-k renorm kernel, which fails on the project's GPU bundle (README, "Known SGLang
-behaviour") -- the liveness problem DETSPEC's row-local verify removes. All checks run concurrently, one per server.
+verify JIT-compile FlashInfer's top-k renorm kernel, which fails on the project's GPU bundle (docs/upstream.md, "Known
+SGLang behaviour") -- the liveness problem DETSPEC's row-local verify removes. All checks run concurrently, one per server.
 """
 
 import sys

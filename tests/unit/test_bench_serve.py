@@ -1,6 +1,6 @@
 """``sglang-detspec bench-serve`` on CPU: its arguments, the configuration table's server flags, the bench_serving
 command, reading bench_serving's result lines, the ratios, the CSV / JSON / PNG outputs and the step breakdown's
-arithmetic. The GPU run itself is in the README (``bench-serve`` on the H200)."""
+arithmetic. The GPU runs themselves are in docs/results.md (``bench-serve`` on the H200)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,32 @@ def test_settings_defaults_quick_and_explicit_options(capsys):
         serving_bench.settings_from_args(parser.parse_args(["bench-serve", "--out", "x", "--temperature", "0"]))
     rc = cli.main(["bench-serve", "--out", "x", "--output-len", "0", "--dry-run"])
     assert rc == cli.EXIT_ERROR and "--output-len" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--hidden", "0", "--hidden 0: must be a positive multiple of 256"),
+    ("--hidden", "7", "--hidden 7: must be a positive multiple of 256"),
+    ("--hidden", "384", "--hidden 384: must be a positive multiple of 256"),  # 3 heads: no whole kv half
+    ("--layers", "0", "--layers 0: the target needs at least 1 layer"),
+    ("--vocab", "0", "--vocab 0: must be in 4355..266499"),
+    ("--vocab", "300000", "--vocab 300000: must be in 4355..266499"),
+])
+def test_pair_sizes_no_pair_can_have_are_refused_naming_the_flag(flag, value, message, capsys):
+    rc = cli.main(["bench-serve", "--out", "x", flag, value, "--dry-run"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert rc == cli.EXIT_ERROR and len(lines) == 1, err
+    assert lines[0].startswith(f"sglang-detspec bench-serve: error: {message}"), err
+
+
+def test_pair_sizes_given_are_the_sizes_used(capsys):
+    from sglang_detspec import serving_bench
+
+    parser = cli.build_parser()
+    shape = serving_bench.shape_from_args(parser.parse_args(["bench-serve", "--out", "x", "--hidden", "512",
+                                                             "--layers", "2", "--vocab", "5000"]))
+    assert (shape.hidden, shape.layers, shape.vocab, shape.heads, shape.kv_heads) == (512, 2, 5000, 4, 2)
+    assert shape.head_dim == 128
 
 
 def test_dry_run_prints_every_server_and_client_command(capsys):
@@ -257,8 +283,15 @@ def test_csv_and_json_round_trip(tmp_path):
     assert doc["rows"][6]["output_tok_s"] == 240.0
 
 
+def test_the_test_extra_installs_the_plot_library():
+    # The README's set-up installs .[test]; without matplotlib there, the plot test below cannot run.
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(re.match(r"matplotlib\b", requirement) for requirement in extras["test"]), extras["test"]
+
+
 def test_plot_is_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
     path = tmp_path / "p.png"
     results.write_plot(path, ROWS, {c.name: c.label for c in cfgs.CONFIGS}, title="t")
     data = path.read_bytes()

@@ -291,6 +291,23 @@ def test_usage_errors(args):
     assert "error" in proc.stderr
 
 
+@pytest.mark.parametrize("flag,value", [("--timeout", "-1"), ("--timeout", "0"), ("--timeout", "inf"),
+                                        ("--wait", "-5"), ("--wait", "nan"), ("--temperature", "nan"),
+                                        ("--temperature", "inf"), ("--temperature", "-0.5")])
+def test_out_of_range_numbers_are_one_usage_error_naming_the_flag(flag, value):
+    # Refused before any connection (port 9 has no server: a late refusal would say "cannot connect" instead).
+    proc = cli("check", "--url", "127.0.0.1:9", flag, value, "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"sglang-detspec check: error: {flag} must be"), proc.stderr
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout": 0.0}, {"wait": -1.0}, {"temperature": float("nan")}])
+def test_run_check_refuses_out_of_range_numbers(kwargs):
+    with pytest.raises(CliError, match=f"--{next(iter(kwargs))} must be"):
+        run_check(f"http://127.0.0.1:{free_port()}", trials=2, **kwargs)
+
+
 def test_run_check_api():
     with FakeSGLang("deterministic", report_accept_length=False) as fake:
         res = run_check(fake.url, traffic="uniform", trials=3, max_fillers=2, max_new_tokens=10, seeds=[1, 2])

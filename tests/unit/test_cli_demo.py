@@ -159,6 +159,9 @@ def test_help_for_every_command(command):
 def test_main_help_and_no_command():
     proc = run("--help")
     assert proc.returncode == 0 and "examples:" in proc.stdout
+    # Every code a command returns, check's 3 included.
+    for code in ("0 all good", "1 a checked property does not hold", "2 the command could not run", "3 inconclusive"):
+        assert code in proc.stdout, code
     for c in ("serve", "check", "bench", "demo"):
         assert c in proc.stdout
     proc = run()
@@ -186,13 +189,13 @@ def test_bench_passes_arguments_and_exit_code(monkeypatch):
     # The real benchmark needs a GPU; a stand-in module records what the CLI hands it.
     calls = []
     fake = types.ModuleType("sglang_detspec.benchmark")
-    fake.main = lambda argv: calls.append(argv) or 3
+    fake.main = lambda argv, prog: calls.append((argv, prog)) or 3
     monkeypatch.setitem(sys.modules, "sglang_detspec.benchmark", fake)
     import sglang_detspec
 
     monkeypatch.setattr(sglang_detspec, "benchmark", fake, raising=False)
     assert cli.main(["bench", "--batch-sizes", "1,8", "--", "--out", "x.csv"]) == 3
-    assert calls == [["--batch-sizes", "1,8", "--out", "x.csv"]]
+    assert calls == [(["--batch-sizes", "1,8", "--out", "x.csv"], "sglang-detspec bench")]
 
 
 def test_bench_missing_module_is_one_clear_line(monkeypatch, capsys):
@@ -211,4 +214,12 @@ def test_bench_runs_the_real_benchmark_module():
     proc = run("bench", "--quick", "--out", "unused-dir")
     # The real benchmark gets the arguments and answers for itself: no GPU here, so its own one-line refusal.
     assert proc.returncode == 2
-    assert "no CUDA GPU" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("sglang-detspec bench: error: no CUDA GPU"), proc.stderr
+
+
+def test_bench_usage_errors_name_the_command_the_user_typed():
+    pytest.importorskip("sglang_detspec.benchmark", reason="the sampler benchmark is not in this checkout yet")
+    proc = run("bench", "--batch", "x")
+    assert proc.returncode == 2
+    assert "usage: sglang-detspec bench" in proc.stderr and "bench_sampler" not in proc.stderr, proc.stderr
+    assert "sglang-detspec bench: error: argument --batch: invalid int value: 'x'" in proc.stderr

@@ -79,11 +79,11 @@ def test_dry_run_tiny_models(tmp_path, pair):
     assert opt(args, "--speculative-num-draft-tokens") == "4"
     assert opt(args, "--attention-backend") == "triton"
     assert opt(args, "--port") == "30000"
-    # Long prompts are chunked beside the probe: 16,384 positions (over the config's 8192, allowed by the
-    # environment switch), chunks of 4096, the triton backend's deterministic prefill alignment.
+    # Long prompts are chunked beside the probe: 16,384 positions (what the configs declare, so no override
+    # switch), chunks of 4096, the triton backend's deterministic prefill alignment.
     assert opt(args, "--context-length") == "16384" and args.count("--context-length") == 1
     assert opt(args, "--chunked-prefill-size") == "4096"
-    assert assign.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") == "1"
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" not in assign
     if pair == "dummy":
         assert opt(args, "--load-format") == "dummy"
         assert opt(args, "--speculative-draft-load-format") == "dummy"
@@ -149,15 +149,45 @@ def test_dry_run_draft_tokens_follow_the_steps(tmp_path):
     assert opt(args, "--speculative-num-steps") == "5"
     assert opt(args, "--speculative-num-draft-tokens") == "6"
     assert "steps 5, topk 1, draft tokens 6" in proc.stderr and "note: SGLang resolves" not in proc.stderr
-    # An explicit value SGLang overrides is named, so the printed command does not mislead.
+    # An explicit value off the chain is refused (SGLang alone would quietly reset it to steps + 1).
     proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy",
                "--num-draft-tokens", "7")
-    assert proc.returncode == 0, proc.stderr
-    assert "note: SGLang resolves --speculative-num-draft-tokens 7 to 4" in proc.stderr
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang-detspec serve: error: sglang-detspec refuses the launch: ")
+    assert "--speculative-num-draft-tokens 7" in last and "--speculative-num-steps 3" in last
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--port", "99999"], "--port 99999: a TCP port is an integer in 1..65535"),
+    (["--port", "0"], "--port 0: a TCP port is an integer in 1..65535"),
+    (["--port", "-1"], "--port -1: a TCP port is an integer in 1..65535"),
+    (["--", "--port", "70000"], "--port 70000: a TCP port is an integer in 1..65535"),
+    (["--mem-fraction-static", "2"], "--mem-fraction-static 2: a fraction of the GPU's memory, 0 < x <= 1"),
+    (["--mem-fraction-static", "0"], "--mem-fraction-static 0: a fraction of the GPU's memory, 0 < x <= 1"),
+    (["--model-path", "/nonexistent"], "--model-path /nonexistent: no such file or directory"),
+    (["--model-path", "./no/such/dir"], "--model-path ./no/such/dir: no such file or directory"),
+])
+def test_values_no_launch_can_use_are_one_line_naming_the_flag(tmp_path, args, message):
+    # Checked when the command is built, before SGLang is imported: the same for --dry-run and a launch.
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy", *args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"sglang-detspec serve: error: {message}"), proc.stderr
+
+
+def test_a_flag_sglang_rejects_is_one_line_not_its_usage(tmp_path):
+    proc = cli("serve", "--dry-run", "--tiny-models-dir", str(tmp_path), "--tiny-pair", "dummy",
+               "--attention-backend", "bogus")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert "usage:" not in proc.stderr, proc.stderr[:2000]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "sglang-detspec serve: error: sglang.launch_server rejects the command: argument --attention-backend: "
+        "invalid choice: 'bogus'"), proc.stderr[-2000:]
 
 
 def test_dry_run_of_an_unreadable_model_fails_like_the_launch(tmp_path):
-    proc = cli("serve", "--dry-run", "--model-path", str(tmp_path / "missing"), "--draft-model-path", str(tmp_path),
+    # A Hugging Face name that cannot be fetched (offline): SGLang's own failure, as one line.
+    proc = cli("serve", "--dry-run", "--model-path", "no-such-org/no-such-model", "--draft-model-path", str(tmp_path),
                env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].startswith("sglang-detspec serve: error: SGLang cannot resolve the launch")

@@ -130,7 +130,7 @@ def test_defaults_rejection_sampling_and_eagle_family_settings(models, name):
         (dict(speculative_num_steps=5), (5, 6)),
         (dict(speculative_num_draft_tokens=6), (5, 6)),
         (dict(speculative_num_steps=1), (1, 2)),
-        (dict(speculative_num_steps=2, speculative_num_draft_tokens=7), (2, 3)),  # SGLang's own topk-1 fix-up
+        (dict(speculative_num_steps=2, speculative_num_draft_tokens=3), (2, 3)),
         (dict(speculative_num_steps=4, speculative_eagle_topk=1), (4, 5)),
     ],
 )
@@ -212,6 +212,13 @@ REFUSALS = [
     ("input-scattered-eagle3", "DETSPEC_EAGLE3", dict(enable_attn_tp_input_scattered=True),
      "--enable-attn-tp-input-scattered", None),
     ("no-draft", "DETSPEC_EAGLE", dict(speculative_draft_model_path=None), "--speculative-draft-model-path", None),
+    # SGLang would reset these to steps + 1 (a log line, the launch goes on); an explicit value is refused instead.
+    ("draft-tokens-off-the-chain", "DETSPEC_EAGLE", dict(speculative_num_steps=2, speculative_num_draft_tokens=7),
+     "--speculative-num-draft-tokens 7 and --speculative-num-steps 2", None),
+    ("draft-tokens-below-steps", "DETSPEC_EAGLE3", dict(speculative_num_steps=3, speculative_num_draft_tokens=2),
+     "--speculative-num-draft-tokens 2 and --speculative-num-steps 3", None),
+    ("one-draft-token", "DETSPEC_EAGLE", dict(speculative_num_draft_tokens=1), "--speculative-num-draft-tokens 1:",
+     None),
 ]
 
 

@@ -240,3 +240,31 @@ def test_second_draft_is_as_good_a_draft_on_the_cpu_reference(weighted_and_draft
     prompts = [torch.randint(3, tm.VOCAB_SIZE, (6,), generator=gen).tolist() for _ in range(2)]
     est = estimate_accept_length(ref, "eagle", prompts=prompts, new_tokens=24, seed=1)
     assert 1.5 <= est.accept_length <= 3.5, est
+
+
+def _flag(argv, flag):
+    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1]
+
+
+def test_every_tiny_config_declares_the_context_length_it_is_served_with(tmp_path, monkeypatch):
+    """SGLang warns that outputs may be wrong when --context-length exceeds what a model's config derives (and
+    refuses it without SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN): target and every draft must declare the context
+    length ``serve`` and the E2E servers pass. Read through SGLang's own derivation."""
+    pytest.importorskip("sglang")
+    from transformers import AutoConfig
+
+    from sglang.srt.utils.hf_transformers_utils import get_context_length
+
+    from sglang_detspec import serve, tiny_servers
+
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    models = tm.ensure_tiny_models(tmp_path, pair="dummy")  # the weighted pair's configs are the same builders'
+    cmd, env_changes = serve.build_serve_command(
+        model_path=None, draft_model_path=None, algorithm="DETSPEC_EAGLE", steps=3, topk=1, draft_tokens=None,
+        attention_backend="triton", host="127.0.0.1", port=30000, tiny_models_dir=str(tmp_path), tiny_pair="dummy")
+    served = {int(_flag(cmd, "--context-length")),
+              int(_flag(tiny_servers.common_args(models.target, "dummy"), "--context-length"))}
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" not in env_changes
+    for d in (*models, tm.ensure_mtp_draft(tmp_path, pair="dummy")):
+        derived = get_context_length(AutoConfig.from_pretrained(d))
+        assert max(served) <= derived, f"{d.name}: served with {max(served)} positions, its config derives {derived}"

@@ -134,14 +134,12 @@ def test_without_the_multi_layer_flag_sglang_picks_the_single_layer_worker(specs
     """The flag, not the draft, switches the worker (the target is a Llama: no model override applies)."""
     from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2
 
-    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     argv = [a for a in specs["detspec_mtp_graph"].args if a != "--enable-multi-layer-eagle"]
     assert _worker_class(_resolve_argv(argv + ["--device", "cuda"])) is DetspecEAGLEWorkerV2
 
 
 def test_detspec_refuses_the_multi_layer_spec_with_chunked_prefill(specs, monkeypatch):
     """Why MTP_SERVER_FLAGS carries --chunked-prefill-size -1: DETSPEC refuses multi-layer EAGLE with chunking."""
-    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     args = list(specs["detspec_mtp_graph"].args)
     args[args.index("--chunked-prefill-size") + 1] = "4096"
     with pytest.raises(DetspecConfigError, match="multi-layer EAGLE") as e:
@@ -151,7 +149,6 @@ def test_detspec_refuses_the_multi_layer_spec_with_chunked_prefill(specs, monkey
 
 def test_detspec_refuses_the_multi_layer_spec_with_the_radix_cache(specs, monkeypatch):
     """Why MTP_SERVER_FLAGS carries --disable-radix-cache: DETSPEC refuses multi-layer EAGLE with the radix cache."""
-    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     args = [a for a in specs["detspec_mtp_graph"].args if a != "--disable-radix-cache"]
     with pytest.raises(DetspecConfigError, match="radix cache and multi-layer EAGLE") as e:
         _resolve_argv(args + ["--device", "cuda"])
@@ -162,11 +159,9 @@ def test_detspec_refuses_the_multi_layer_spec_with_the_radix_cache(specs, monkey
 def draft_model_config(specs):
     from sglang.srt.configs.model_config import ModelConfig
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
-        sa = _resolve_argv(specs["detspec_mtp_graph"].args + ["--device", "cuda"])
-        draft = compat.read_field(sa, "speculative_draft_model_path")
-        yield sa, ModelConfig.from_server_args(sa, model_path=draft, is_draft_model=True)
+    sa = _resolve_argv(specs["detspec_mtp_graph"].args + ["--device", "cuda"])
+    draft = compat.read_field(sa, "speculative_draft_model_path")
+    return sa, ModelConfig.from_server_args(sa, model_path=draft, is_draft_model=True)
 
 
 def test_the_draft_is_mimo_v2_mtp_with_a_plain_kv_pool(weighted, draft_model_config):
@@ -195,7 +190,6 @@ def test_why_the_draft_must_be_an_mtp_class_and_the_pool_non_hybrid(specs, monke
 
     assert "draft_model_idx" in inspect.signature(MiMoV2MTP.__init__).parameters
     assert "draft_model_idx" not in inspect.signature(LlamaForCausalLMEagle.__init__).parameters
-    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     argv = [a for a in specs["detspec_mtp_graph"].args if a != "--disable-hybrid-swa-memory"]
     sa = _resolve_argv(argv + ["--device", "cuda"])
     draft = compat.read_field(sa, "speculative_draft_model_path")
