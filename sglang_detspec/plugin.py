@@ -7,7 +7,8 @@ scheduler, DP-controller and detokenizer process. It registers
 * the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
   (:mod:`sglang_detspec.integration.algorithm`), and
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
-* a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
+* per-request checks that answer a malformed request with HTTP 400 instead of letting it reach (and kill) the
+  scheduler (:mod:`sglang_detspec.integration.request_validation`),
 * per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
 * replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
@@ -92,6 +93,12 @@ def load_plugin() -> Dict[str, object]:
                     f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
+            if not request_validation.request_validation_active():
+                raise RuntimeError(
+                    "the request checks on "
+                    f"{', '.join(request_validation.REQUEST_VALIDATION_TARGETS)} could not be applied "
+                    "(see the HookRegistry error above)"
+                )
             if not token_id_sampler_opt_in.token_id_sampler_opt_in_active():
                 raise RuntimeError(
                     "the token-id sampler opt-in hook on "
@@ -118,7 +125,14 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args, token_id_sampler_opt_in
+    from sglang_detspec.integration import (
+        algorithm,
+        request_validation,
+        retraction,
+        scheduler_check,
+        server_args,
+        token_id_sampler_opt_in,
+    )
 
     return {
         "sglang_version": compat.installed_sglang_version(),
@@ -128,4 +142,5 @@ def plugin_status() -> Dict[str, object]:
         "scheduler_check_active": scheduler_check.scheduler_check_active(),
         "retraction_replay_active": retraction.retraction_replay_active(),
         "token_id_sampler_hook_active": token_id_sampler_opt_in.token_id_sampler_opt_in_active(),
+        "request_validation_active": request_validation.request_validation_active(),
     }
