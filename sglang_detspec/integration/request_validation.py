@@ -288,13 +288,19 @@ def check_request_against_model(obj: Any, input_ids: Optional[Sequence[Any]], *,
 _sampling_fields: Optional[frozenset] = None
 
 
+def installed_sampling_fields_in_order() -> tuple:
+    """The field names of the installed SGLang's ``SamplingParams``, in order (a msgspec struct; they differ per
+    release: ``beam_width`` 0.5.19+, ``watermark`` 0.5.22+, ``ebnf_full_assistant`` 0.5.23)."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    return tuple(SamplingParams.__struct_fields__)
+
+
 def installed_sampling_fields() -> frozenset:
-    """The field names of the installed SGLang's ``SamplingParams`` (a msgspec struct; they differ per release)."""
+    """:func:`installed_sampling_fields_in_order` as a set, read once per process."""
     global _sampling_fields
     if _sampling_fields is None:
-        from sglang.srt.sampling.sampling_params import SamplingParams
-
-        _sampling_fields = frozenset(SamplingParams.__struct_fields__)
+        _sampling_fields = frozenset(installed_sampling_fields_in_order())
     return _sampling_fields
 
 
