@@ -7,7 +7,8 @@ scheduler, DP-controller and detokenizer process. It registers
 * the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
   (:mod:`sglang_detspec.integration.algorithm`), and
 * the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
-* a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
+* per-request checks that answer a malformed request with HTTP 400 instead of letting it reach (and kill) the
+  scheduler (:mod:`sglang_detspec.integration.request_validation`),
 * per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
 * replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
@@ -96,6 +97,12 @@ def load_plugin() -> Dict[str, object]:
                     f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
+            if not request_validation.request_validation_active():
+                raise RuntimeError(
+                    "the request checks on "
+                    f"{', '.join(request_validation.REQUEST_VALIDATION_TARGETS)} could not be applied "
+                    "(see the HookRegistry error above)"
+                )
             if not token_id_sampler_opt_in.token_id_sampler_opt_in_active():
                 raise RuntimeError(
                     "the token-id sampler opt-in hook on "
@@ -131,6 +138,7 @@ def plugin_status() -> Dict[str, object]:
     from sglang_detspec.integration import (
         algorithm,
         batch_invariant_ops,
+        request_validation,
         retraction,
         scheduler_check,
         server_args,
@@ -146,4 +154,5 @@ def plugin_status() -> Dict[str, object]:
         "retraction_replay_active": retraction.retraction_replay_active(),
         "token_id_sampler_hook_active": token_id_sampler_opt_in.token_id_sampler_opt_in_active(),
         "batch_invariant_ops_hooks_active": batch_invariant_ops.batch_invariant_ops_hooks_active(),
+        "request_validation_active": request_validation.request_validation_active(),
     }
