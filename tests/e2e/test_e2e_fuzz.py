@@ -62,8 +62,8 @@ def _specs(models):
     pair = h.tiny_pair()
     args = (h.common_args(models.target, pair) + h.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
             + ["--mem-fraction-static", "0.15", "--chat-template", "chatml"])
-    return [h.ServerSpec(PRODUCT, args, env=dict(h.LONG_CONTEXT_ENV)),
-            h.ServerSpec(CONTROL, args, env=h.with_control(NO_VALIDATION_CONTROL, h.LONG_CONTEXT_ENV))]
+    return [h.ServerSpec(PRODUCT, args, env={}),
+            h.ServerSpec(CONTROL, args, env=h.with_control(NO_VALIDATION_CONTROL, {}))]
 
 
 def _model(models) -> fz.Model:
