@@ -2,7 +2,7 @@
 
 Run as a script (``python tests/unit/sglang_cpu_http_server.py [--no-validation]``) it loads the plugins with SGLang's
 own loader, builds a real ``TokenizerManager`` for the embedded tiny (dummy) target (vocabulary 1,024, hidden size
-256, context 8,192; ``--disable-radix-cache``, so ``input_embeds`` are accepted as on the E2E servers), and serves
+256, context 16,384; ``--disable-radix-cache``, so ``input_embeds`` are accepted as on the E2E servers), and serves
 SGLang's own FastAPI ``app`` (``/generate``, ``/v1/completions``, ``/v1/chat/completions`` with the built-in
 ``chatml`` template, its JSON / validation error handlers) with uvicorn on a loopback port, which it prints as
 ``PORT <n>``. Only the transport to the scheduler (``TokenizerManager._dispatch_to_scheduler``, a ZMQ socket) is

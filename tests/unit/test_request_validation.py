@@ -74,7 +74,7 @@ from sglang_detspec.integration import request_validation as rv  # noqa: E402
 _sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_cpu_http_server import CpuServer  # noqa: E402
 
-VOCAB, HIDDEN, CONTEXT = 1024, 256, 8192  # the embedded dummy target (checked against the server below)
+VOCAB, HIDDEN, CONTEXT = 1024, 256, 16384  # the embedded dummy target (checked against the server below)
 SP = {"max_new_tokens": 2}
 CHAT_MSG = [{"role": "user", "content": "hello there"}]
 
@@ -119,7 +119,7 @@ PLUGIN_CHECKS = [
      {"text": "hi there", "return_logprob": True, "logprob_start_len": 1, "sampling_params": SP}),
     ("min_new_tokens_past_context", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": None,
                                                                                    "min_new_tokens": 10**6}},
-     ["min_new_tokens", "8192", "1000000"], {"text": "hi", "sampling_params": {"max_new_tokens": 3,
+     ["min_new_tokens", str(CONTEXT), "1000000"], {"text": "hi", "sampling_params": {"max_new_tokens": 3,
                                                                              "min_new_tokens": 1}}),
     ("top_k_past_int32", "/generate", {"text": "hi", "sampling_params": {**SP, "top_k": 2**40}},
      ["top_k", "1073741824"], {"text": "hi", "sampling_params": {**SP, "top_k": 2**30}}),
