@@ -11,7 +11,7 @@
    4099}, strided views, int32 positions, greedy rows) plus constructed near-tie and exact-tie rows and
    degenerate rows (all-zero, NaN, subnormal-only, inf): kernel indices vs a GPU float64 torch
    implementation of upstream's stream (op for op SGLang 0.5.23 ``fast_sample``), which itself is compared
-   with the CPU reference (``sglang_detspec.reference``) on a subsample.  Zero mismatches required.
+   with the CPU reference (``sglang_detspec.stream.reference``) on a subsample.  Zero mismatches required.
 3. Statistics (>= 10**6 draws each): chi-square goodness of fit on uniform, Zipf and peaked
    distributions (p > 1e-3 required); tail mass of tokens 18 and 20 nats below the top in a many-tail
    race (the vLLM method, PRs 43150/51367: one top token plus T tail tokens at -gap nats; z-score of the
@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from sglang_detspec import reference  # noqa: E402
+from sglang_detspec.stream import reference  # noqa: E402
 from sglang_detspec.benchmark import rand_probs, tied_partner_prob  # noqa: E402
 from sglang_detspec.upstream_replica import (  # noqa: E402
     upstream_draft_hashes,
@@ -52,8 +52,9 @@ from sglang_detspec.upstream_replica import (  # noqa: E402
 )
 from sglang_detspec.kernels import seeded_draft_sample  # noqa: E402
 from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32  # noqa: E402
-from sglang_detspec.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
-from sglang_detspec.kernels.coupled_race import coupled_race, exponential_f32, gumbel_f32  # noqa: E402
+from sglang_detspec.stream.coupled_reference import coupled_gumbel_reference, coupled_race_reference_probs, position_with_hash  # noqa: E402
+from sglang_detspec.kernels.coupled_race import coupled_race, gumbel_f32  # noqa: E402
+from sglang_detspec.kernels.coupled_scoring import exponential_f32  # noqa: E402
 from sglang_detspec.kernels.coupled_race_probs import LAUNCH_TABLE, coupled_race_probs, ratio_f32  # noqa: E402
 
 DEV = torch.device("cuda")

@@ -2,8 +2,8 @@
 
 Importing this package is cheap on purpose: it imports neither torch nor SGLang.  The pieces are
 
-* :mod:`sglang_detspec.keys`       the key layout of the seeded draft stream (SGLang 0.5.23's definition);
-* :mod:`sglang_detspec.reference`  a bit-exact pure-torch twin of the stream, for CPU tests and audits;
+* :mod:`sglang_detspec.stream.keys`       the key layout of the seeded draft stream (SGLang 0.5.23's definition);
+* :mod:`sglang_detspec.stream.reference`  a bit-exact pure-torch twin of the stream, for CPU tests and audits;
 * :mod:`sglang_detspec.kernels`    the fused Triton sampler (torch + triton only, no SGLang);
 * :mod:`sglang_detspec.plugin`     the ``sglang.srt.plugins`` entry point that registers ``DETSPEC_EAGLE`` and
   ``DETSPEC_EAGLE3`` (checks the installed SGLang version first);

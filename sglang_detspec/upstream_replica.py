@@ -4,8 +4,8 @@
 step by step: a Triton MurmurHash3 kernel writing ``[B, V]`` uint32 (a copy of upstream's ``murmur_hash32``:
 one program per (row, 1024 columns), 64-bit rotates), then ``.to(float64).add_(0.5).div_(2**32).log_().neg_()
 .reciprocal_().mul_(probs)`` and ``argmax``.  SGLang is not needed, so the GPU checks and the benchmark run
-wherever torch and Triton do; the key layout is :mod:`sglang_detspec.keys`.  A different computation from
-both twins it checks: :mod:`sglang_detspec.reference` (int64 tensors, CPU) and the fused kernel (float32
+wherever torch and Triton do; the key layout is :mod:`sglang_detspec.stream.keys`.  A different computation from
+both twins it checks: :mod:`sglang_detspec.stream.reference` (int64 tensors, CPU) and the fused kernel (float32
 filter, two stages).  CUDA only (the hash is a compiled Triton kernel); Triton is imported at first use.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from . import keys
+from .stream import keys
 
 __all__ = ["upstream_murmur_hash32", "upstream_draft_hashes", "upstream_seeded_scores", "upstream_seeded_fast_sample"]
 

@@ -38,9 +38,10 @@ if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton int
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from sglang_detspec import benchmark, reference  # noqa: E402
+from sglang_detspec import benchmark  # noqa: E402
 from sglang_detspec.benchmark import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob  # noqa: E402
 from sglang_detspec.kernels import LAUNCH_TABLE  # noqa: E402
+from sglang_detspec.stream import reference
 from sglang_detspec.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores  # noqa: E402
 
 SMOKE = "--smoke" in sys.argv

@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from sglang_detspec.coupled_reference import accept_and_emit
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.truncation import batch_truncates, truncate_request_rows
+from sglang_detspec.stream.coupled_reference import accept_and_emit
 
 __all__ = ["coupled_chain_verify", "coupled_target_tokens", "target_race_positions"]
 
@@ -77,7 +77,7 @@ def coupled_target_tokens(sampling_info: Any, target_probs: torch.Tensor, positi
 
         tokens = coupled_race_probs(flat, seeds, positions.reshape(-1), cap_unit_uniform=cap)
     else:
-        from sglang_detspec.coupled_reference import coupled_race_reference
+        from sglang_detspec.stream.coupled_reference import coupled_race_reference
 
         tokens = coupled_race_reference(torch.log(flat), seeds, positions.reshape(-1), cap_unit_uniform=cap)
     return tokens.view(bs, rows)

@@ -13,7 +13,7 @@ seed included. Every copy goes through ``TokenizerManager._send_one_request`` (s
 The hook: a ``HookRegistry`` BEFORE hook on ``_send_one_request``. For a DETSPEC server and a seeded request with
 ``n > 1`` it counts the sends that carry the same ``SamplingParams`` object: the ``k``-th (0-based) is choice ``k``
 and gets a copy of the parameters with ``sampling_seed = choice_seed(seed, k)``
-(:mod:`sglang_detspec.choice_seeds`). Choice 0 keeps the seed, so it is the sample an ``n = 1`` request gives. The
+(:mod:`sglang_detspec.stream.choice_seeds`). Choice 0 keeps the seed, so it is the sample an ``n = 1`` request gives. The
 warm-up carries its own copy of the parameters and generates nothing (``max_new_tokens = 0``): skipped. A choice
 with an explicit ``max_new_tokens = 0`` samples nothing either, so skipping it changes no token.
 
@@ -32,9 +32,9 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from sglang_detspec.choice_seeds import choice_seed
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.hooks import hook_active, register_once
+from sglang_detspec.stream.choice_seeds import choice_seed
 
 __all__ = [
     "SAME_SEED_ENV",

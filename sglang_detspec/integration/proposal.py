@@ -34,8 +34,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from sglang_detspec.draft_contract import check_draft_rows
 from sglang_detspec.integration import compat, scheme
+from sglang_detspec.stream.draft_contract import check_draft_rows
 
 __all__ = ["coupled_draft_proposal", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
 
@@ -87,7 +87,7 @@ def seeded_draft_proposal(
         # be imported after TRITON_INTERPRET is decided (tests set it on CPU).
         from sglang_detspec.kernels import seeded_draft_sample
     else:
-        from sglang_detspec.reference import seeded_draft_sample
+        from sglang_detspec.stream.reference import seeded_draft_sample
     if probs.dtype in (torch.float16, torch.bfloat16):
         # The samplers take float32. Up-casting a half-precision q is exact, so
         # the race (float64 scores either way) picks the same token upstream
@@ -128,7 +128,7 @@ def coupled_draft_proposal(
 
         tokens = coupled_race_probs(q32, seeds, pos, cap_unit_uniform=cap)  # log q taken in the kernel
     else:
-        from sglang_detspec.coupled_reference import coupled_race_reference
+        from sglang_detspec.stream.coupled_reference import coupled_race_reference
 
         tokens = coupled_race_reference(torch.log(q32), seeds, pos, cap_unit_uniform=cap)
     if greedy is not None:

@@ -43,7 +43,7 @@ Not refused, documented instead (checked against the 0.5.17 and 0.5.23 sources):
   EAGLE; batch invariance of the model forward is upstream deterministic mode's job. Only TP=1 without
   these is exercised by this project's tests.
 * ``n > 1``: choice i of a seeded request samples with ``choice_seed(seed, i)`` (choice 0 keeps the seed;
-  :mod:`sglang_detspec.choice_seeds`, installed by :mod:`.parallel_sampling`); upstream's one seed for all n
+  :mod:`sglang_detspec.stream.choice_seeds`, installed by :mod:`.parallel_sampling`); upstream's one seed for all n
   with ``SGLANG_DETSPEC_SAME_SEED_FOR_N=1`` or ``custom_params={"detspec_same_seed_for_n": true}``.
 * retraction under memory pressure: replayed (:mod:`.retraction`). A retracted request restarts from its prompt
   and regenerates its tokens, each checked against what was already sent and withheld from the client until it is

@@ -4,7 +4,7 @@
 ``top_k_renorm_probs`` / ``top_p_renorm_probs`` for every row as soon as one row has top-k, top-p or greedy;
 min-p ignored) and the rank-hashed truncation of the seeded non-speculative sampler: a row's result depends
 only on that row and its own ``top_k`` / ``top_p`` / ``min_p``, bit for bit (rules in
-:mod:`sglang_detspec.reference`, "Row-local top-k / top-p / min-p truncation").
+:mod:`sglang_detspec.stream.reference`, "Row-local top-k / top-p / min-p truncation").
 
 Dispatch: CUDA tensors go to the Triton kernel (:mod:`sglang_detspec.kernels.row_truncation`), CPU tensors
 to the pure-torch reference; both give the same bits.  Neither SGLang nor the kernel is imported here at
@@ -55,7 +55,7 @@ def truncate_probs(
         # Imported lazily: the kernel module defines Triton kernels (see the module docstring).
         from sglang_detspec.kernels import truncate_probs_triton as implementation
     elif probs.device.type == "cpu":
-        from sglang_detspec.reference import truncate_probs_reference as implementation
+        from sglang_detspec.stream.reference import truncate_probs_reference as implementation
     else:
         raise ValueError(
             f"truncate_probs runs on CUDA (Triton kernel) or CPU (torch reference) tensors, got probs on "

@@ -109,7 +109,7 @@ def rollouts(e2e_pool):
         second, noise_out = again.result(), noise.result()
     timings["grpo_batch_beside_traffic_s"] = time.monotonic() - t0
 
-    from sglang_detspec.choice_seeds import choice_seed
+    from sglang_detspec.stream.choice_seeds import choice_seed
 
     singles_req = [(PROMPTS[i], {**_params(choice_seed(SEEDS[i], j), n=1)}) for i in range(len(PROMPTS)) for j in range(N)]
     t0 = time.monotonic()

@@ -312,7 +312,7 @@ def replay_batch(si, seq_lens, first_tokens, num_steps, device="cpu"):
 @pytest.fixture
 def spy(monkeypatch):
     """Records keys but draws with the real seeded_draft_proposal (reference on CPU)."""
-    pytest.importorskip("sglang_detspec.reference")
+    pytest.importorskip("sglang_detspec.stream.reference")
     real = proposal_mod.seeded_draft_proposal
     calls = []
 

@@ -9,7 +9,7 @@ closed-form Python-int one).
 import numpy as np
 import pytest
 
-from sglang_detspec.choice_seeds import choice_seed, choice_seeds
+from sglang_detspec.stream.choice_seeds import choice_seed, choice_seeds
 
 # The first four outputs of SplitMix64 started from state 0 (published test vector).
 SPLITMIX64_STATE0 = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_detspec import cli, demo
-from sglang_detspec.reference import seeded_draft_sample
+from sglang_detspec.stream.reference import seeded_draft_sample
 
 
 def run(*args, exe=None, timeout=180):

@@ -15,8 +15,9 @@ import importlib
 import pytest
 import torch
 
-from sglang_detspec import reference
-from sglang_detspec.coupled_reference import (
+from sglang_detspec.integration import compat
+from sglang_detspec.stream import reference
+from sglang_detspec.stream.coupled_reference import (
     EMIT_PAD,
     coupled_gumbel_reference,
     coupled_race_reference,
@@ -24,7 +25,6 @@ from sglang_detspec.coupled_reference import (
     coupled_verify_reference,
     position_with_hash,
 )
-from sglang_detspec.integration import compat
 
 import sglang_verify_harness as harness
 

@@ -29,9 +29,9 @@ import importlib
 import pytest
 import torch
 
-from sglang_detspec.coupled_reference import position_with_hash
 from sglang_detspec.integration import compat, coupled_verify, scheme, verify
 from sglang_detspec.integration.proposal import seeded_draft_proposal
+from sglang_detspec.stream.coupled_reference import position_with_hash
 
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params, VerifyRow

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_detspec.coupled_reference import (
+from sglang_detspec.kernels.coupled_race import coupled_race
+from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, coupled_verify
+from sglang_detspec.stream.coupled_reference import (
     EMIT_PAD,
     accept_and_emit,
     coupled_gumbel_reference,
@@ -18,9 +20,7 @@ from sglang_detspec.coupled_reference import (
     coupled_verify_reference,
     position_with_hash,
 )
-from sglang_detspec.kernels.coupled_race import coupled_race
-from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, coupled_verify
-from sglang_detspec.reference import murmur3_unsalted_hash
+from sglang_detspec.stream.reference import murmur3_unsalted_hash
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 VARIANTS = [(True, "divide"), (False, "reciprocal"), (True, "reciprocal"), (False, "divide")]

@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from sglang_detspec import reference
 from sglang_detspec.kernels import seeded_draft_sample as kernel_sample
+from sglang_detspec.stream import reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu  # tests/conftest.py skips these without a GPU, with its GPU_SKIP_REASON
@@ -242,7 +242,7 @@ def test_cpu_tensors_without_interpreter_raise():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("ValueError: the Triton kernel needs CUDA tensors (got cpu)"), proc.stdout
-    assert "sglang_detspec.reference.seeded_draft_sample" in proc.stdout
+    assert "sglang_detspec.stream.reference.seeded_draft_sample" in proc.stdout
 
 
 # ------------------------------------------------------------------------------------------- GPU only

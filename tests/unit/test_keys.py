@@ -11,7 +11,7 @@ import struct
 import pytest
 import torch
 
-from sglang_detspec import keys, reference
+from sglang_detspec.stream import keys, reference
 
 MASK = 0xFFFFFFFF
 

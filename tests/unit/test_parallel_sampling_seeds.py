@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from sglang_detspec.choice_seeds import choice_seed
+from sglang_detspec.stream.choice_seeds import choice_seed
 
 pytest.importorskip("sglang")
 

@@ -165,7 +165,7 @@ _FAKE_VERSION_SCRIPT = textwrap.dedent(
     import importlib.metadata as md, sys
     real = md.version
     md.version = lambda name: "0.5.24" if name == "sglang" else real(name)
-    import sglang_detspec.keys, sglang_detspec.reference   # must not need SGLang at all
+    import sglang_detspec.stream.keys, sglang_detspec.stream.reference   # must not need SGLang at all
     for mod in ("sglang_detspec.integration", "sglang_detspec.plugin"):
         try:
             __import__(mod)

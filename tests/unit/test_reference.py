@@ -12,7 +12,7 @@ import importlib
 import pytest
 import torch
 
-from sglang_detspec import keys, reference
+from sglang_detspec.stream import keys, reference
 
 
 def _sglang_triton_hash():

@@ -1,6 +1,6 @@
 """Row-local top-k / top-p / min-p truncation: the Triton kernel, the torch reference and the entry point.
 
-Three implementations of one rule set (sglang_detspec/reference.py, "Row-local ... truncation") are checked
+Three implementations of one rule set (sglang_detspec/stream/reference.py, "Row-local ... truncation") are checked
 against each other: the kernel (bisection over float bit patterns; the interpreter on CPU), the reference
 (one int64-key sort) and a brute force in plain Python ints here.  SGLang's own pytorch sampler rules are
 checked on rows without near-ties.  The kernel tests need no SGLang; GPU tests are marked ``gpu``.
@@ -18,7 +18,7 @@ import torch
 
 from sglang_detspec.integration.truncation import truncate_probs
 from sglang_detspec.kernels import truncate_probs_triton
-from sglang_detspec.reference import truncate_probs_reference
+from sglang_detspec.stream.reference import truncate_probs_reference
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 NO_TOP_K = 1 << 30
@@ -446,7 +446,7 @@ def test_kept_sets_agree_with_the_installed_sglang_sampler(monkeypatch):
 
 
 def test_entry_point_dispatches_cpu_tensors_to_the_reference(monkeypatch):
-    from sglang_detspec import reference
+    from sglang_detspec.stream import reference
 
     probs = _softmax_rows(3, 50)
     args = (probs, torch.tensor([1, 5, NO_TOP_K]), torch.tensor([1.0, 1.0, 0.5]), None)

@@ -6,7 +6,7 @@ batch carries ``sampling_info.sampling_seed`` (no algorithm-name gate in 0.5.17
 or 0.5.23), and ``SamplingBatchInfo.from_schedule_batch`` sets that tensor for
 every batch under ``--enable-deterministic-inference`` (42 for unseeded
 requests). These tests pin both facts with the installed SGLang and check that
-SGLang's own coin function equals ``sglang_detspec.reference.seeded_verify_coins``
+SGLang's own coin function equals ``sglang_detspec.stream.reference.seeded_verify_coins``
 bit for bit.
 
 The last test runs SGLang's whole rejection-sampling verify (``eagle_sample``
@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_detspec import reference
+from sglang_detspec.stream import reference
 
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params

@@ -21,10 +21,15 @@ import pytest
 import torch
 
 from sglang_detspec import verify_schemes_bench as bench
-from sglang_detspec.coupled_reference import UMAX, coupled_race_reference, coupled_verify_reference, resolve_uniform
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.verify import VerifySite, truncate_target_probs
-from sglang_detspec.reference import murmur3_unsalted_hash
+from sglang_detspec.stream.coupled_reference import (
+    UMAX,
+    coupled_race_reference,
+    coupled_verify_reference,
+    resolve_uniform,
+)
+from sglang_detspec.stream.reference import murmur3_unsalted_hash
 
 import sglang_verify_harness as harness
 

@@ -7,7 +7,7 @@ probabilities the sampler races: softmax of ``logits / temperature``, then the r
 top-p / min-p truncation, not renormalised -- what ``sampling_from_probs_torch`` hands to
 ``multinomial_with_seed``), token ``t`` scores, in float64 and in exactly this operation order::
 
-    h = murmur3(seed words, p & 0xFFFFFFFF, t)          # the UNSALTED key space (sglang_detspec.keys)
+    h = murmur3(seed words, p & 0xFFFFFFFF, t)          # the UNSALTED key space (sglang_detspec.stream.keys)
     u = h / (2**32 - 1)          # CPU: IEEE division;  CUDA: h * fl(1 / (2**32 - 1))  (see "uniform")
     a = max(log(u), -DBL_MAX)    # log(0) = -inf clamped
     a = min(a, -2**-32)          # SGLang >= 0.5.18 only ("cap_unit_uniform"); 0.5.17 lets h = 2**32-1 reach u = 1

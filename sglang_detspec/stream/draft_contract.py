@@ -5,7 +5,7 @@ draft site calls), the CPU twin ``reference.seeded_draft_sample`` and the Triton
 ``kernels.seeded_draft_sample``.  Each validates through here, so a wrong input gets the same actionable
 ``ValueError`` (naming the argument and the fix) wherever it enters, instead of a wrong stream or an error
 deep inside a kernel launch.  Nothing here reads tensor values: no host synchronisation, so the checks run
-under CUDA-graph capture too.  torch only; the key layout's limits come from :mod:`sglang_detspec.keys`.
+under CUDA-graph capture too.  torch only; the key layout's limits come from :mod:`sglang_detspec.stream.keys`.
 
 * :func:`check_draft_rows`: the per-row inputs (2-D ``probs`` of any float dtype; int64 seeds and
   int32/int64 positions, one per row) -- what the proposal checks before it derives greedy rows and casts

@@ -5,7 +5,7 @@ and every 32x32-bit multiply is split into 16-bit halves so that no intermediate
 has no wrapping uint32 arithmetic on CPU, and int64 products of two uint32 values would overflow).
 It runs on any device, is slow (it materialises ``[B, V]`` int64 and float64 tensors, like upstream)
 and is meant for CPU unit tests, audits and the parity checks of the Triton kernel.  The key layout
-is documented once, in :mod:`sglang_detspec.keys`, the input contract in :mod:`sglang_detspec.draft_contract`.
+is documented once, in :mod:`sglang_detspec.stream.keys`, the input contract in :mod:`sglang_detspec.stream.draft_contract`.
 
 Float64 caveat: the score uses ``torch.log`` on float64.  On CUDA this is the same libdevice ``log`` as
 upstream's and as the Triton kernel's; on CPU it is the host ``log`` (Sleef/glibc), which can differ by
