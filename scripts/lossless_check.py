@@ -50,7 +50,8 @@ REPO = Path(__file__).resolve().parent.parent
 CONTROL_DIR = REPO / "tests" / "e2e" / "controls" / "accept_all_drafts"
 sys.path.insert(0, str(REPO))
 # Both standard library only, so --help needs neither torch nor SGLang.
-from sglang_detspec import server_process, tiny_servers  # noqa: E402
+from sglang_detspec import server_process  # noqa: E402
+from sglang_detspec.models import tiny_servers  # noqa: E402
 
 DEFAULT_N = 10_000
 QUICK_N = 1_000
@@ -299,7 +300,7 @@ def run(args) -> int:
     import numpy as np
 
     from sglang_detspec.checker import two_sample
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     reason = server_process.launch_skip_reason()
     if reason:

@@ -82,7 +82,7 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
 
 
 def shape_from_args(args: argparse.Namespace):
-    from sglang_detspec.midsize_models import MidsizeShape
+    from sglang_detspec.models.midsize_models import MidsizeShape
 
     base = MidsizeShape()
     hidden = args.hidden or base.hidden
@@ -95,7 +95,7 @@ def shape_from_args(args: argparse.Namespace):
 def dry_run_text(settings: _configs.BenchSettings, shape, out: Path) -> str:
     import shlex
 
-    from sglang_detspec.midsize_models import cache_dir_name
+    from sglang_detspec.models.midsize_models import cache_dir_name
 
     pair_dir = Path("MODELS_DIR") / cache_dir_name(shape)
     target, draft = pair_dir / "target", pair_dir / "eagle_draft"

@@ -1,7 +1,7 @@
 """``sglang-detspec bench-serve``: generate the mid-size pair, launch each configuration's server, drive it with
 SGLang's ``bench_serving`` at each concurrency, and write the table, ratios and plot.
 
-Order of work: the pair is generated on the GPU (:mod:`sglang_detspec.midsize_models`, cached under ``--models-dir``);
+Order of work: the pair is generated on the GPU (:mod:`sglang_detspec.models.midsize_models`, cached under ``--models-dir``);
 the servers start side by side (``--start parallel``, the default: start-up is mostly compilation and graph capture)
 or one at a time; then each configuration is measured *alone*, in turn, at every concurrency, and its server is
 stopped before the next one is measured. Idle servers wait with ``--sleep-on-idle``. Each configuration's runs go
@@ -172,7 +172,7 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
     t_start = time.time()
     _log(f"estimated duration ~{cfgs.estimate_seconds(settings):.0f} s (a guess from start-up times measured on an "
          f"H200; decode rates unmeasured until the first run)")
-    from sglang_detspec import midsize_models
+    from sglang_detspec.models import midsize_models
 
     # bench_serving imports aiohttp, orjson, tqdm, ... that a server does not need: check them while the pair is
     # generated, so a missing one fails the benchmark in seconds instead of after every server's start-up.

@@ -34,7 +34,7 @@ def tiny_models():
     reason = e2e_harness.e2e_skip_reason()
     if reason:
         pytest.skip(reason)
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     return ensure_tiny_models(Path(root) if root else None, pair=e2e_harness.tiny_pair())

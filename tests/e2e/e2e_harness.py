@@ -32,6 +32,16 @@ from typing import Dict, List, Optional, Sequence
 # The server process and its HTTP helpers live in the package (bench-serve and the GPU scripts use them too);
 # re-exported here under the names the tests use. Standard library only, like this harness.
 from sglang_detspec import server_process
+from sglang_detspec.models.tiny_servers import (  # noqa: F401 (re-exported)
+    CONTEXT_LENGTH,
+    CUDA_GRAPH_MAX_BS,
+    GRAPHS_OFF,
+    LONG_CONTEXT_ENV,
+    SPEC_SHAPE,
+    common_args,
+    eagle_args,
+    tiny_pair,
+)
 from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
     GPU_SKIP_REASON,
     RUN_HINT,
@@ -43,16 +53,6 @@ from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
     post_json,
     sglang_version,
     version_tuple,
-)
-from sglang_detspec.tiny_servers import (  # noqa: F401 (re-exported)
-    CONTEXT_LENGTH,
-    CUDA_GRAPH_MAX_BS,
-    GRAPHS_OFF,
-    LONG_CONTEXT_ENV,
-    SPEC_SHAPE,
-    common_args,
-    eagle_args,
-    tiny_pair,
 )
 
 # tests/conftest.py's GPU_SKIP_REASON is the same wording: every GPU test skips with it on CPU (a test module cannot
@@ -206,7 +206,7 @@ def multi_layer_args(models, pair: str) -> List[str]:
     """Draft flags for multi-layer EAGLE: ``pair``'s tiny MiMo-V2-style MTP draft (built beside ``models`` on first
     use, weights only for the weighted pair) and the flags it needs (``tiny_models.MTP_SERVER_FLAGS``:
     ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size -1``)."""
-    from sglang_detspec.tiny_models import MTP_SERVER_FLAGS, ensure_mtp_draft
+    from sglang_detspec.models.tiny_models import MTP_SERVER_FLAGS, ensure_mtp_draft
 
     draft = ensure_mtp_draft(Path(models.target).parent.parent, pair=pair)  # the cache root of ``models``
     flags = [part for flag, values in MTP_SERVER_FLAGS for part in (flag, *values)]
@@ -248,7 +248,7 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
     graphs on and off, with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
     seed) and on multi-layer EAGLE (the pair's MTP draft, per-step draft-extend graphs on and off), and
     DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
-    from sglang_detspec.tiny_models import ensure_second_eagle_draft
+    from sglang_detspec.models.tiny_models import ensure_second_eagle_draft
 
     draft2 = ensure_second_eagle_draft(Path(models.target).parent.parent)  # the cache root of ``models``
     invariant = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS

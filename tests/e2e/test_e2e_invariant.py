@@ -34,7 +34,7 @@ Measurements, each a test that can fail:
 2. Accept length (temperature 1.0 sweep, completion tokens per verify step over all requests): > 1.5 for the
    invariant servers of all three drafts; the control's is recorded beside it. A proposal raced with the wrong key is
    accepted only by chance: a CPU simulation of the chain on the tiny pair's float32 reference
-   (``sglang_detspec.tiny_reference``, 4 prompts x 32 tokens, T 1.0) gave 2.08 (pair's draft) and 2.32 (second
+   (``sglang_detspec.models.tiny_reference``, 4 prompts x 32 tokens, T 1.0) gave 2.08 (pair's draft) and 2.32 (second
    draft) with the shared Gumbel noise, 1.14 and 1.13 with independent noise; 1.5 lies between.
 3. ``sglang-detspec check --traffic uniform,mixed --trials 12 --against <reference>`` on ``invariant_graph`` and
    ``invariant_mtp_graph``: one

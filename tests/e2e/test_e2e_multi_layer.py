@@ -1,6 +1,6 @@
 """End to end: DETSPEC_EAGLE on SGLang's multi-layer EAGLE worker (one MTP layer per draft step), under real traffic.
 
-The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.tiny_models``, "multi-layer EAGLE"
+The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.models.tiny_models``, "multi-layer EAGLE"
 section: why MiMoV2MTP, ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size
 -1``, ``--disable-radix-cache``: DETSPEC refuses the last two's opposites with multi-layer EAGLE). On the weighted
 pair (the default) its three MTP layers have seeded synthetic weights that approximate the target's bigram, so

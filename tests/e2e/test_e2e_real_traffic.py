@@ -1,6 +1,6 @@
 """End to end under real traffic: ``sglang-detspec check --traffic ...`` against real servers on the weighted tiny pair.
 
-The weighted pair (``sglang_detspec.tiny_models``, real seeded weights) rejects part of the drafts, so wrong
+The weighted pair (``sglang_detspec.models.tiny_models``, real seeded weights) rejects part of the drafts, so wrong
 accept / reject decisions, batch-dependent residual samples or renormalisation would show. Every DETSPEC
 configuration -- DETSPEC_EAGLE with CUDA graphs, without them, without overlap scheduling, DETSPEC_EAGLE3 -- must give
 one probe output under every traffic profile of the check tool (uniform, mixed sampling parameters next to it, long

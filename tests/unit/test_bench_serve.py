@@ -353,7 +353,8 @@ def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=(), fai
     """Patch run_benchmark's servers, pair, client check and clients with fakes that record ``events``."""
     import sys
 
-    from sglang_detspec import midsize_models, server_process
+    from sglang_detspec import server_process
+    from sglang_detspec.models import midsize_models
     from sglang_detspec.serving_bench import runner
 
     class FakeServer:

@@ -1,4 +1,4 @@
-"""The serving benchmark's mid-size pair (``sglang_detspec.midsize_models``) on CPU: its shapes and configs, a build at
+"""The serving benchmark's mid-size pair (``sglang_detspec.models.midsize_models``) on CPU: its shapes and configs, a build at
 a small shape (the same code the GPU runs at full size), the weighted recipe's structure in it, and the tokenizer
 whose every id must decode (bench_serving's random-ids dataset sends any id below ``tokenizer.vocab_size``)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_detspec import midsize_models as mm
+from sglang_detspec.models import midsize_models as mm
 
 SMALL = mm.MidsizeShape(hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, vocab=mm.MIN_VOCAB + 50)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from sglang_detspec.tiny_models import ensure_tiny_models
+from sglang_detspec.models.tiny_models import ensure_tiny_models
 
 HAS_CUDA = torch.cuda.is_available()
 

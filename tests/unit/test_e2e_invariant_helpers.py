@@ -101,7 +101,7 @@ GRAPHS_OFF_SERVERS = ("invariant_nograph", "invariant_mtp_nograph")
 
 @pytest.fixture(scope="module")
 def models_and_specs(tmp_path_factory):
-    from sglang_detspec import tiny_models as tm
+    from sglang_detspec.models import tiny_models as tm
 
     root = tmp_path_factory.mktemp("tiny-invariant")
     models = tm.ensure_tiny_models(root, pair="weighted")
@@ -135,8 +135,8 @@ def _resolve(spec, monkeypatch):
 
 @pytest.mark.parametrize("name", INVARIANT_SERVERS)
 def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
-    from sglang_detspec import tiny_models as tm
     from sglang_detspec.integration import compat, scheme
+    from sglang_detspec.models import tiny_models as tm
 
     root, models, specs = models_and_specs
     spec = specs[name]

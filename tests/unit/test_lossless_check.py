@@ -150,7 +150,7 @@ def harness():
 
 
 def _models():
-    from sglang_detspec.tiny_models import TinyModels
+    from sglang_detspec.models.tiny_models import TinyModels
 
     return TinyModels(Path("/m/target"), Path("/m/eagle"), Path("/m/eagle3"))
 
@@ -267,7 +267,7 @@ class _FakeServer:
 
 @pytest.fixture
 def fake_run(harness, monkeypatch, tmp_path):
-    import sglang_detspec.tiny_models as tiny_models
+    import sglang_detspec.models.tiny_models as tiny_models
 
     monkeypatch.setattr(harness, "Server", _FakeServer)
     monkeypatch.setattr(harness, "launch_skip_reason", lambda: None)

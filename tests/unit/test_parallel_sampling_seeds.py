@@ -37,7 +37,7 @@ _SCRIPT = textwrap.dedent(
     from sglang.srt.server_args import PortArgs, ServerArgs
     from sglang_detspec.integration import compat
     from sglang_detspec.integration.parallel_sampling import SAME_SEED_ENV, parallel_sampling_hook_active
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     plain_args = ServerArgs(model_path=str(ensure_tiny_models(pair="dummy").target), device="cpu")
     try:  # 0.5.23: a TokenizerManager refuses a config its process entry did not publish; 0.5.17 has no publish

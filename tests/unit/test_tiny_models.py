@@ -1,4 +1,4 @@
-"""CPU tests of the tiny offline model dirs (sglang_detspec.tiny_models): they load with
+"""CPU tests of the tiny offline model dirs (sglang_detspec.models.tiny_models): they load with
 transformers, are byte-identical across builds, build without network, and cache atomically."""
 
 import json
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from sglang_detspec import tiny_models as tm
+from sglang_detspec.models import tiny_models as tm
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def weighted_and_draft2(tmp_path_factory):
 
 def test_second_draft_with_the_pairs_seed_is_the_pairs_draft(tmp_path, weighted_and_draft2):
     """"The same recipe": under the pair's own recipe seed the builder writes the pair's eagle_draft byte for byte."""
-    from sglang_detspec.tiny_weights import DEFAULT_RECIPE
+    from sglang_detspec.models.tiny_weights import DEFAULT_RECIPE
 
     _, models, _ = weighted_and_draft2
     same = tm.build_second_eagle_draft(tmp_path / "same", seed=DEFAULT_RECIPE.seed)
@@ -232,7 +232,7 @@ def test_second_draft_is_as_good_a_draft_on_the_cpu_reference(weighted_and_draft
     comparison of two drafts compares two drafts that are both really accepted."""
     import torch
 
-    from sglang_detspec.tiny_reference import estimate_accept_length, load_reference
+    from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
 
     _, models, draft2 = weighted_and_draft2
     ref = load_reference(tm.TinyModels(models.target, draft2, None))

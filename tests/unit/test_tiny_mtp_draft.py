@@ -1,4 +1,4 @@
-"""CPU tests of the tiny multi-layer EAGLE (MTP) draft (``sglang_detspec.tiny_models``, multi-layer section).
+"""CPU tests of the tiny multi-layer EAGLE (MTP) draft (``sglang_detspec.models.tiny_models``, multi-layer section).
 
 What they pin, all with SGLang's own code (no GPU): the E2E server specs resolve, through SGLang's CLI parser and
 resolution, to the multi-layer worker (DETSPEC's and upstream's); the draft becomes SGLang's ``MiMoV2MTP`` with a
@@ -25,9 +25,9 @@ load_plugin()
 
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
-from sglang_detspec import tiny_models as tm  # noqa: E402
 from sglang_detspec.integration import compat  # noqa: E402
 from sglang_detspec.integration.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.models import tiny_models as tm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import e2e_harness  # noqa: E402
@@ -299,7 +299,7 @@ class _MultiLayerReference:
     chained: ``chain_mtp_hidden_states`` is off for MiMoV2MTP); its last row gives draft k + 1."""
 
     def __init__(self, models, draft):
-        from sglang_detspec import tiny_reference as tr
+        from sglang_detspec.models import tiny_reference as tr
 
         self.ref, self.tr = tr.load_reference(models), tr
         self.cfg, self.w = tr._load(draft)
@@ -327,7 +327,7 @@ class _MultiLayerReference:
 
 
 def test_weighted_mtp_draft_accept_length_is_in_the_e2e_range(weighted):
-    from sglang_detspec.tiny_reference import estimate_accept_length
+    from sglang_detspec.models.tiny_reference import estimate_accept_length
 
     ref = _MultiLayerReference(*weighted)
     gen = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""CPU tests of the weighted tiny pair (sglang_detspec.tiny_weights + tiny_reference): byte-stable
+"""CPU tests of the weighted tiny pair (sglang_detspec.models.tiny_weights + tiny_reference): byte-stable
 bf16 safetensors that SGLang's real model classes load completely, a CPU reference that agrees with HF
 transformers' independent Llama, a mostly-bigram target, and an offline accept length inside [1.5, 3.5]."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_detspec import tiny_models as tm
-from sglang_detspec import tiny_weights as tw
-from sglang_detspec.tiny_reference import estimate_accept_length, load_reference
+from sglang_detspec.models import tiny_models as tm
+from sglang_detspec.models import tiny_weights as tw
+from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
 
 # sha256 of the three model.safetensors files. A changed byte must come with a TINY_WEIGHTS_VERSION bump
 # (the cache directory is named after it, so stale caches are never served); update both together.

@@ -6,7 +6,7 @@ Two pairs (``TINY_PAIRS``), each served with its own ``server_flags(pair)``:
                     SGLang from the config with a fixed seed, so no weight file is ever written or
                     downloaded). Its near-uniform target accepts almost every draft.
 * ``"weighted"`` -- the same configs plus synthetic, seeded bf16 ``model.safetensors`` weights
-                    (``sglang_detspec.tiny_weights``): a mostly-bigram target whose drafts are really
+                    (``sglang_detspec.models.tiny_weights``): a mostly-bigram target whose drafts are really
                     rejected part of the time, so accept/reject decisions and residual samples show.
 
 ``ensure_tiny_models(pair=...)`` returns three directories that ``sglang.launch_server`` can serve:
@@ -296,7 +296,7 @@ def build_tiny_models(dest: Path, *, pair: str = "dummy") -> TinyModels:
     if pair == "weighted":
         # Imported here so that this module (imported by the CLI and the E2E harness) needs only the
         # standard library until weights are actually generated.
-        from sglang_detspec import tiny_weights
+        from sglang_detspec.models import tiny_weights
 
         tiny_weights.write_weights(models)
     return models
@@ -316,7 +316,7 @@ def cache_dir_name(pair: str = "dummy") -> str:
     """The versioned directory name of ``pair`` under the cache root."""
     if _check_pair(pair) == "dummy":
         return f"tiny-models-v{TINY_MODELS_VERSION}"
-    from sglang_detspec.tiny_weights import TINY_WEIGHTS_VERSION
+    from sglang_detspec.models.tiny_weights import TINY_WEIGHTS_VERSION
 
     return f"tiny-models-v{TINY_MODELS_VERSION}-weighted-v{TINY_WEIGHTS_VERSION}"
 
@@ -452,7 +452,7 @@ def mtp_draft_weights(cfg: dict) -> dict:
     import numpy as np
 
     # tiny_weights' generators, so this draft is built exactly like the pair's other drafts.
-    from sglang_detspec.tiny_weights import DEFAULT_RECIPE, _attention, _bf16_round, _Draw, _eye, _mlp
+    from sglang_detspec.models.tiny_weights import DEFAULT_RECIPE, _attention, _bf16_round, _Draw, _eye, _mlp
 
     recipe, hidden = DEFAULT_RECIPE, cfg["hidden_size"]
     draw = _Draw(recipe, "mtp_draft")
@@ -482,7 +482,7 @@ def build_mtp_draft(dest: Path, *, pair: str = "dummy") -> Path:
     cfg = mtp_draft_config()
     _dump(dest / "config.json", cfg)
     if pair == "weighted":
-        from sglang_detspec.tiny_weights import WEIGHTS_FILE, write_safetensors
+        from sglang_detspec.models.tiny_weights import WEIGHTS_FILE, write_safetensors
 
         write_safetensors(dest / WEIGHTS_FILE, mtp_draft_weights(cfg))
     return dest
@@ -492,7 +492,7 @@ def mtp_cache_dir_name(pair: str = "dummy") -> str:
     """The versioned directory name of ``pair``'s multi-layer draft under the cache root."""
     if _check_pair(pair) == "dummy":
         return f"tiny-mtp-draft-v{MTP_DRAFT_VERSION}"
-    from sglang_detspec.tiny_weights import TINY_WEIGHTS_VERSION
+    from sglang_detspec.models.tiny_weights import TINY_WEIGHTS_VERSION
 
     return f"tiny-mtp-draft-v{MTP_DRAFT_VERSION}-weighted-v{TINY_WEIGHTS_VERSION}"
 
@@ -532,7 +532,7 @@ def build_second_eagle_draft(dest: Path, *, seed: int = SECOND_EAGLE_DRAFT_SEED)
     EAGLE recipe, every tensor drawn under recipe seed ``seed`` instead of the pair's."""
     import dataclasses
 
-    from sglang_detspec.tiny_weights import (
+    from sglang_detspec.models.tiny_weights import (
         DEFAULT_RECIPE,
         WEIGHTS_FILE,
         _bf16_round,
@@ -554,7 +554,7 @@ def build_second_eagle_draft(dest: Path, *, seed: int = SECOND_EAGLE_DRAFT_SEED)
 
 def second_eagle_draft_dir_name(seed: int = SECOND_EAGLE_DRAFT_SEED) -> str:
     """The versioned directory name of the second draft (of recipe seed ``seed``) under the cache root."""
-    from sglang_detspec.tiny_weights import TINY_WEIGHTS_VERSION
+    from sglang_detspec.models.tiny_weights import TINY_WEIGHTS_VERSION
 
     return f"tiny-eagle-draft-seed{int(seed)}-v{TINY_MODELS_VERSION}-weighted-v{TINY_WEIGHTS_VERSION}"
 
@@ -562,7 +562,7 @@ def second_eagle_draft_dir_name(seed: int = SECOND_EAGLE_DRAFT_SEED) -> str:
 def ensure_second_eagle_draft(root: Optional[Path] = None, *, seed: int = SECOND_EAGLE_DRAFT_SEED) -> Path:
     """The cached second EAGLE draft directory (:func:`build_second_eagle_draft`), built once (atomically) if
     missing. Serve it as ``--speculative-draft-model-path`` beside ``ensure_tiny_models(root, pair="weighted")``."""
-    from sglang_detspec.tiny_weights import WEIGHTS_FILE
+    from sglang_detspec.models.tiny_weights import WEIGHTS_FILE
 
     root = Path(root) if root is not None else default_cache_root()
     final = root / second_eagle_draft_dir_name(seed)

@@ -6,7 +6,7 @@ Shapes (:class:`MidsizeShape`, defaults): hidden 2048, 16 layers, 16 query / 8 k
 vocabulary 32,000 -- 0.89 B target parameters (1.8 GB in bf16), a 55 M-parameter draft. A verify step of 4 tokens
 costs about one decode step of the target, a draft step about 1/16 of it, so speculation pays as on a real model.
 
-Weights: the weighted tiny pair's recipe (:mod:`sglang_detspec.tiny_weights`, ``target_weights`` / ``eagle_weights``,
+Weights: the weighted tiny pair's recipe (:mod:`sglang_detspec.models.tiny_weights`, ``target_weights`` / ``eagle_weights``,
 the same tensor names and structure) run at these shapes by :class:`TorchDraw` -- torch normal draws on the GPU (one
 ``torch.Generator`` per tensor, seeded by the same hash of recipe seed, directory and name), rounded to bf16 by
 torch, written by this module's own safetensors writer. Same seed, shape and device type give the same bytes.
@@ -39,7 +39,7 @@ import struct
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional
 
-from sglang_detspec.tiny_models import _common_config, build_atomically
+from sglang_detspec.models.tiny_models import _common_config, build_atomically
 
 __all__ = ["MidsizeShape", "MidsizePair", "midsize_recipe", "MIDSIZE_VERSION", "TorchDraw", "midsize_configs",
            "tokenizer_json", "build_midsize_pair", "ensure_midsize_pair", "parameter_count"]
@@ -78,7 +78,7 @@ class MidsizeShape:
 
 def midsize_recipe():
     """The tiny recipe with ``eagle_fc_noise`` 0.2 instead of 0.3 (module docstring: why, and what it measured)."""
-    from sglang_detspec.tiny_weights import DEFAULT_RECIPE
+    from sglang_detspec.models.tiny_weights import DEFAULT_RECIPE
 
     return dataclasses.replace(DEFAULT_RECIPE, eagle_fc_noise=MIDSIZE_EAGLE_FC_NOISE)
 
@@ -180,7 +180,7 @@ class TorchDraw:
     def normal(self, name: str, shape, std: float):
         import torch
 
-        from sglang_detspec.tiny_weights import tensor_seed
+        from sglang_detspec.models.tiny_weights import tensor_seed
 
         gen = torch.Generator(device=self.device).manual_seed(tensor_seed(self.seed, self.directory, name))
         return torch.randn(tuple(shape), generator=gen, device=self.device, dtype=torch.float32) * std
@@ -240,7 +240,7 @@ def build_midsize_pair(dest: Path, shape: MidsizeShape = MidsizeShape(), *, devi
     (default: CUDA if available)."""
     import torch
 
-    from sglang_detspec import tiny_weights
+    from sglang_detspec.models import tiny_weights
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     recipe = recipe or midsize_recipe()
@@ -275,7 +275,7 @@ def cache_dir_name(shape: MidsizeShape) -> str:
 
 def ensure_midsize_pair(root: Path, shape: MidsizeShape = MidsizeShape(), *, device: Optional[str] = None) -> MidsizePair:
     """The pair under ``root`` (built once, atomically: into a temporary sibling, then renamed; see
-    :func:`sglang_detspec.tiny_models.build_atomically`). ``midsize.json`` is written last, so it marks a complete
+    :func:`sglang_detspec.models.tiny_models.build_atomically`). ``midsize.json`` is written last, so it marks a complete
     build."""
     final = Path(root) / cache_dir_name(shape)
     build_atomically(final, lambda dest: build_midsize_pair(dest, shape, device=device),

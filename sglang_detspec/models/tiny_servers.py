@@ -1,7 +1,7 @@
 """``sglang.launch_server`` arguments for serving the embedded tiny pairs to the end-to-end tests and the GPU scripts
 (``tests/e2e/``, ``scripts/lossless_check.py``, ``scripts/run_sglang_harness.py``): one definition, so the scripts
 need not import the tests' files. Standard library only at import (the tiny pair's own flags come from
-:func:`sglang_detspec.tiny_models.server_flags`, imported when the arguments are built).
+:func:`sglang_detspec.models.tiny_models.server_flags`, imported when the arguments are built).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def tiny_pair() -> str:
 def common_args(target: Path, pair: str) -> List[str]:
     """Every E2E server's arguments before its speculative ones: the tiny pair's flags, a small capped KV pool each
     (so several servers start side by side), the triton attention and pytorch sampling backends."""
-    from sglang_detspec.tiny_models import server_flags
+    from sglang_detspec.models.tiny_models import server_flags
 
     tiny_flags = []
     for flag, values in server_flags(pair):

@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, NamedTuple
 
 import torch
 
-from sglang_detspec.tiny_weights import WEIGHTS_FILE
+from sglang_detspec.models.tiny_weights import WEIGHTS_FILE
 
 __all__ = ["TinyPairReference", "AcceptEstimate", "load_reference", "estimate_accept_length"]
 

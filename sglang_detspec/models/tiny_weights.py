@@ -1,4 +1,4 @@
-"""Synthetic, seeded bf16 weights for the "weighted" tiny model pair (see ``sglang_detspec.tiny_models``).
+"""Synthetic, seeded bf16 weights for the "weighted" tiny model pair (see ``sglang_detspec.models.tiny_models``).
 
 The dummy pair's near-uniform target accepts every draft, so a wrong accept/reject decision cannot show.
 These weights make a target that is *mostly a bigram model* (the next-token distribution depends mostly
@@ -111,7 +111,7 @@ class _Draw:
 
     The recipe below builds every tensor through this object's methods (``normal``, ``eye``, ``zeros``,
     ``ones``, ``cat``), so another array library can run the same recipe at another shape
-    (:class:`sglang_detspec.midsize_models.TorchDraw`: torch on a GPU, for the benchmark's mid-size pair)."""
+    (:class:`sglang_detspec.models.midsize_models.TorchDraw`: torch on a GPU, for the benchmark's mid-size pair)."""
 
     def __init__(self, recipe: WeightRecipe, directory: str):
         self.seed, self.directory = recipe.seed, directory
