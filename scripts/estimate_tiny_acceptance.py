@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from sglang_detspec.models.tiny_models import ensure_tiny_models, tree_digest  # noqa: E402
+from sglang_detspec.models.model_cache import tree_digest  # noqa: E402
+from sglang_detspec.models.tiny_models import ensure_tiny_models  # noqa: E402
 from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference  # noqa: E402
 
 PROMPT_TOKENS = 8

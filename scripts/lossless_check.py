@@ -221,7 +221,7 @@ def position_zero_note(first_tokens_equal: Optional[bool], baseline_seeds: str, 
 
 
 GRAPH_BS_FLAG = "--cuda-graph-max-bs-decode"
-# The tiny pair's flags cap running requests at 32 (tiny_models); the check keeps --concurrency running.
+# The tiny pair's flags cap running requests at 32 (tiny_servers); the check keeps --concurrency running.
 RUNNING_FLAG = "--max-running-requests"
 
 

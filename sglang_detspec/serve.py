@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
-from sglang_detspec.models.tiny_models import TINY_PAIRS, ensure_tiny_models, server_flags
+from sglang_detspec.models.tiny_config import TINY_PAIRS
+from sglang_detspec.models.tiny_models import ensure_tiny_models
+from sglang_detspec.models.tiny_servers import server_flags
 
 # DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
 __all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
@@ -68,7 +70,7 @@ def build_serve_command(
     ``passthrough`` replaces the default for that flag (SGLang's argparse would keep the last occurrence anyway;
     dropping ours keeps the printed command unambiguous). With no ``model_path`` the embedded tiny target + draft
     pair ``tiny_pair`` is built once (cached) and served offline with its own flags
-    (:func:`sglang_detspec.models.tiny_models.server_flags`). ``env_changes`` maps a variable to its new value, or to
+    (:func:`sglang_detspec.models.tiny_servers.server_flags`). ``env_changes`` maps a variable to its new value, or to
     None for a variable to unset.
     """
     env = dict(os.environ if env is None else env)

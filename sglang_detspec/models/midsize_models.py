@@ -39,7 +39,8 @@ import struct
 from pathlib import Path
 from typing import Dict, NamedTuple, Optional
 
-from sglang_detspec.models.tiny_models import _common_config, build_atomically
+from sglang_detspec.models.model_cache import build_atomically
+from sglang_detspec.models.tiny_config import llama_config
 
 __all__ = ["MidsizeShape", "MidsizePair", "midsize_recipe", "MIDSIZE_VERSION", "TorchDraw", "midsize_configs",
            "tokenizer_json", "build_midsize_pair", "ensure_midsize_pair", "parameter_count"]
@@ -152,7 +153,7 @@ def tokenizer_json(vocab_size: int) -> str:
 def midsize_configs(shape: MidsizeShape) -> Dict[str, dict]:
     """``config.json`` of the target (``LlamaForCausalLM``) and of the 1-layer EAGLE draft."""
     def config(layers: int, arch: str) -> dict:
-        cfg = _common_config(layers, arch)
+        cfg = llama_config(layers, arch)
         cfg.update({"hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
                     "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
                     "head_dim": shape.head_dim, "vocab_size": shape.vocab})
@@ -172,7 +173,7 @@ def parameter_count(shape: MidsizeShape) -> Dict[str, int]:
 
 
 class TorchDraw:
-    """``tiny_weights._Draw``'s interface on torch tensors (float32 on ``device``): one generator per tensor."""
+    """``tiny_weights.Draw``'s interface on torch tensors (float32 on ``device``): one generator per tensor."""
 
     def __init__(self, recipe, directory: str, device):
         self.seed, self.directory, self.device = recipe.seed, directory, device
@@ -275,7 +276,7 @@ def cache_dir_name(shape: MidsizeShape) -> str:
 
 def ensure_midsize_pair(root: Path, shape: MidsizeShape = MidsizeShape(), *, device: Optional[str] = None) -> MidsizePair:
     """The pair under ``root`` (built once, atomically: into a temporary sibling, then renamed; see
-    :func:`sglang_detspec.models.tiny_models.build_atomically`). ``midsize.json`` is written last, so it marks a complete
+    :func:`sglang_detspec.models.model_cache.build_atomically`). ``midsize.json`` is written last, so it marks a complete
     build."""
     final = Path(root) / cache_dir_name(shape)
     build_atomically(final, lambda dest: build_midsize_pair(dest, shape, device=device),

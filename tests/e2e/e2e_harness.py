@@ -206,7 +206,7 @@ def multi_layer_args(models, pair: str) -> List[str]:
     """Draft flags for multi-layer EAGLE: ``pair``'s tiny MiMo-V2-style MTP draft (built beside ``models`` on first
     use, weights only for the weighted pair) and the flags it needs (``tiny_models.MTP_SERVER_FLAGS``:
     ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size -1``)."""
-    from sglang_detspec.models.tiny_models import MTP_SERVER_FLAGS, ensure_mtp_draft
+    from sglang_detspec.models.mtp_draft import MTP_SERVER_FLAGS, ensure_mtp_draft
 
     draft = ensure_mtp_draft(Path(models.target).parent.parent, pair=pair)  # the cache root of ``models``
     flags = [part for flag, values in MTP_SERVER_FLAGS for part in (flag, *values)]
@@ -248,7 +248,7 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
     graphs on and off, with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
     seed) and on multi-layer EAGLE (the pair's MTP draft, per-step draft-extend graphs on and off), and
     DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
-    from sglang_detspec.models.tiny_models import ensure_second_eagle_draft
+    from sglang_detspec.models.second_eagle_draft import ensure_second_eagle_draft
 
     draft2 = ensure_second_eagle_draft(Path(models.target).parent.parent)  # the cache root of ``models``
     invariant = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS

@@ -136,7 +136,7 @@ def _resolve(spec, monkeypatch):
 @pytest.mark.parametrize("name", INVARIANT_SERVERS)
 def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
     from sglang_detspec.integration import compat, scheme
-    from sglang_detspec.models import tiny_models as tm
+    from sglang_detspec.models import mtp_draft, second_eagle_draft
 
     root, models, specs = models_and_specs
     spec = specs[name]
@@ -154,8 +154,8 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
     if name == "nonspec_token_id":
         assert got["speculative_algorithm"] is None and got["speculative_draft_model_path"] is None
         return
-    expected_draft = (tm.ensure_second_eagle_draft(root) if name == "invariant_draft2"
-                      else tm.ensure_mtp_draft(root, pair="weighted") if name in MULTI_LAYER_SERVERS
+    expected_draft = (second_eagle_draft.ensure_second_eagle_draft(root) if name == "invariant_draft2"
+                      else mtp_draft.ensure_mtp_draft(root, pair="weighted") if name in MULTI_LAYER_SERVERS
                       else models.eagle_draft)
     assert Path(got["speculative_draft_model_path"]) == expected_draft
     assert got["speculative_algorithm"] == ("DETSPEC_EAGLE" if name == "detspec_rs_control" else "DETSPEC_EAGLE_INVARIANT")

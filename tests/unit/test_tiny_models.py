@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from sglang_detspec.models import model_cache, second_eagle_draft, tiny_config, tiny_servers
 from sglang_detspec.models import tiny_models as tm
 
 
@@ -73,7 +74,7 @@ def test_tokenizer_loads_and_covers_the_vocab(built):
 def test_builds_are_byte_identical(tmp_path):
     a = tm.build_tiny_models(tmp_path / "a")
     b = tm.build_tiny_models(tmp_path / "b")
-    assert tm.tree_digest(tmp_path / "a") == tm.tree_digest(tmp_path / "b")
+    assert model_cache.tree_digest(tmp_path / "a") == model_cache.tree_digest(tmp_path / "b")
     for x, y in zip(a, b):
         for f in sorted(p.name for p in x.iterdir()):
             assert (x / f).read_bytes() == (y / f).read_bytes(), f
@@ -92,10 +93,10 @@ def test_build_needs_no_network(tmp_path, monkeypatch):
 
 def test_default_root_follows_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert tm.default_cache_root() == tmp_path / "xdg" / "sglang-detspec"
+    assert model_cache.default_cache_root() == tmp_path / "xdg" / "sglang-detspec"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert tm.default_cache_root() == tmp_path / "home" / ".cache" / "sglang-detspec"
+    assert model_cache.default_cache_root() == tmp_path / "home" / ".cache" / "sglang-detspec"
 
 
 def test_cache_is_reused_not_rebuilt(built, monkeypatch):
@@ -118,7 +119,7 @@ def test_incomplete_cache_entry_is_replaced(tmp_path):
     m = tm.ensure_tiny_models(tmp_path)
     assert (m.target / "tokenizer.json").is_file() and (m.eagle3_draft / "config.json").is_file()
     tm.build_tiny_models(tmp_path / "ref")
-    assert tm.tree_digest(final) == tm.tree_digest(tmp_path / "ref")
+    assert model_cache.tree_digest(final) == model_cache.tree_digest(tmp_path / "ref")
 
 
 def test_lost_race_keeps_the_winner(tmp_path, monkeypatch):
@@ -137,17 +138,17 @@ def test_lost_race_keeps_the_winner(tmp_path, monkeypatch):
 
 
 def test_pair_names_and_server_flags():
-    assert tm.TINY_PAIRS == ("dummy", "weighted")
-    assert tm.server_flags("dummy") == tm.TINY_SERVER_FLAGS
-    dummy = dict(tm.server_flags("dummy"))
-    weighted = dict(tm.server_flags("weighted"))
+    assert tiny_config.TINY_PAIRS == ("dummy", "weighted")
+    assert tiny_servers.server_flags("dummy") == tiny_servers.TINY_SERVER_FLAGS
+    dummy = dict(tiny_servers.server_flags("dummy"))
+    weighted = dict(tiny_servers.server_flags("weighted"))
     assert dummy["--load-format"] == ("dummy",) and dummy["--speculative-draft-load-format"] == ("dummy",)
     # The weighted pair loads its safetensors: no load-format override, every other flag the same.
     assert not any("load-format" in flag for flag in weighted)
     assert {k: v for k, v in dummy.items() if "load-format" not in k} == weighted
     for bad in ("Dummy", "", "weights"):
         with pytest.raises(ValueError, match="'dummy', 'weighted'"):
-            tm.server_flags(bad)
+            tiny_servers.server_flags(bad)
         with pytest.raises(ValueError, match="unknown tiny model pair"):
             tm.ensure_tiny_models(pair=bad)
     assert tm.cache_dir_name("dummy") == f"tiny-models-v{tm.TINY_MODELS_VERSION}"
@@ -169,7 +170,7 @@ def _safetensors(path):
 @pytest.fixture(scope="module")
 def weighted_and_draft2(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-draft2")
-    return root, tm.ensure_tiny_models(root, pair="weighted"), tm.ensure_second_eagle_draft(root)
+    return root, tm.ensure_tiny_models(root, pair="weighted"), second_eagle_draft.ensure_second_eagle_draft(root)
 
 
 def test_second_draft_with_the_pairs_seed_is_the_pairs_draft(tmp_path, weighted_and_draft2):
@@ -177,14 +178,14 @@ def test_second_draft_with_the_pairs_seed_is_the_pairs_draft(tmp_path, weighted_
     from sglang_detspec.models.tiny_weights import DEFAULT_RECIPE
 
     _, models, _ = weighted_and_draft2
-    same = tm.build_second_eagle_draft(tmp_path / "same", seed=DEFAULT_RECIPE.seed)
-    assert tm.tree_digest(same) == tm.tree_digest(models.eagle_draft)
+    same = second_eagle_draft.build_second_eagle_draft(tmp_path / "same", seed=DEFAULT_RECIPE.seed)
+    assert model_cache.tree_digest(same) == model_cache.tree_digest(models.eagle_draft)
 
 
 def test_second_draft_differs_in_every_drawn_tensor_only(weighted_and_draft2):
     root, models, draft2 = weighted_and_draft2
-    assert draft2.parent == root and draft2.name == tm.second_eagle_draft_dir_name()
-    assert str(tm.SECOND_EAGLE_DRAFT_SEED) in draft2.name
+    assert draft2.parent == root and draft2.name == second_eagle_draft.second_eagle_draft_dir_name()
+    assert str(second_eagle_draft.SECOND_EAGLE_DRAFT_SEED) in draft2.name
     assert sorted(p.name for p in draft2.iterdir()) == ["config.json", "model.safetensors"]
     assert (draft2 / "config.json").read_bytes() == (models.eagle_draft / "config.json").read_bytes()
     a, b = _safetensors(models.eagle_draft / "model.safetensors"), _safetensors(draft2 / "model.safetensors")
@@ -207,22 +208,22 @@ def test_second_draft_differs_in_every_drawn_tensor_only(weighted_and_draft2):
 
 def test_second_draft_builds_are_byte_identical_and_cached(tmp_path, weighted_and_draft2, monkeypatch):
     root, _, draft2 = weighted_and_draft2
-    again = tm.build_second_eagle_draft(tmp_path / "again")
-    assert tm.tree_digest(again) == tm.tree_digest(draft2)
+    again = second_eagle_draft.build_second_eagle_draft(tmp_path / "again")
+    assert model_cache.tree_digest(again) == model_cache.tree_digest(draft2)
 
     def fail(*a, **k):
         raise AssertionError("the cached second draft was rebuilt")
 
-    monkeypatch.setattr(tm, "build_second_eagle_draft", fail)
-    assert tm.ensure_second_eagle_draft(root) == draft2
+    monkeypatch.setattr(second_eagle_draft, "build_second_eagle_draft", fail)
+    assert second_eagle_draft.ensure_second_eagle_draft(root) == draft2
     assert not [p.name for p in root.iterdir() if p.name.startswith(".tiny-eagle-draft-")]
 
 
 def test_incomplete_second_draft_is_rebuilt(tmp_path):
-    stale = tmp_path / tm.second_eagle_draft_dir_name()
+    stale = tmp_path / second_eagle_draft.second_eagle_draft_dir_name()
     stale.mkdir()
     (stale / "config.json").write_text("{}")  # no weights: an interrupted build
-    d = tm.ensure_second_eagle_draft(tmp_path)
+    d = second_eagle_draft.ensure_second_eagle_draft(tmp_path)
     assert d == stale and (d / "model.safetensors").is_file()
     assert json.loads((d / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle"]
 
@@ -237,6 +238,6 @@ def test_second_draft_is_as_good_a_draft_on_the_cpu_reference(weighted_and_draft
     _, models, draft2 = weighted_and_draft2
     ref = load_reference(tm.TinyModels(models.target, draft2, None))
     gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, tm.VOCAB_SIZE, (6,), generator=gen).tolist() for _ in range(2)]
+    prompts = [torch.randint(3, tiny_config.VOCAB_SIZE, (6,), generator=gen).tolist() for _ in range(2)]
     est = estimate_accept_length(ref, "eagle", prompts=prompts, new_tokens=24, seed=1)
     assert 1.5 <= est.accept_length <= 3.5, est

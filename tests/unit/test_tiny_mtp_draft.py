@@ -27,6 +27,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from sglang_detspec.integration import compat  # noqa: E402
 from sglang_detspec.integration.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.models import model_cache, mtp_draft, tiny_config  # noqa: E402
 from sglang_detspec.models import tiny_models as tm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
@@ -42,7 +43,7 @@ def root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def weighted(root):
-    return tm.ensure_tiny_models(root, pair="weighted"), tm.ensure_mtp_draft(root, pair="weighted")
+    return tm.ensure_tiny_models(root, pair="weighted"), mtp_draft.ensure_mtp_draft(root, pair="weighted")
 
 
 def _resolve_argv(argv):
@@ -67,8 +68,8 @@ def _worker_class(sa):
 
 
 def test_layout_and_cache_names(root, weighted):
-    dummy = tm.ensure_mtp_draft(root, pair="dummy")
-    assert dummy.name == f"tiny-mtp-draft-v{tm.MTP_DRAFT_VERSION}" and dummy.parent == root
+    dummy = mtp_draft.ensure_mtp_draft(root, pair="dummy")
+    assert dummy.name == f"tiny-mtp-draft-v{mtp_draft.MTP_DRAFT_VERSION}" and dummy.parent == root
     assert [p.name for p in dummy.iterdir()] == ["config.json"]  # served with --speculative-draft-load-format dummy
     _, draft = weighted
     assert draft.parent == root and draft.name.startswith(dummy.name + "-weighted-v")
@@ -77,24 +78,24 @@ def test_layout_and_cache_names(root, weighted):
 
 
 def test_builds_are_byte_identical(tmp_path):
-    for pair in tm.TINY_PAIRS:
-        a = tm.build_mtp_draft(tmp_path / f"{pair}-a", pair=pair)
-        b = tm.build_mtp_draft(tmp_path / f"{pair}-b", pair=pair)
-        assert tm.tree_digest(a) == tm.tree_digest(b)
+    for pair in tiny_config.TINY_PAIRS:
+        a = mtp_draft.build_mtp_draft(tmp_path / f"{pair}-a", pair=pair)
+        b = mtp_draft.build_mtp_draft(tmp_path / f"{pair}-b", pair=pair)
+        assert model_cache.tree_digest(a) == model_cache.tree_digest(b)
 
 
 def test_incomplete_cache_is_rebuilt(tmp_path):
-    stale = tmp_path / tm.mtp_cache_dir_name("weighted")
+    stale = tmp_path / mtp_draft.mtp_cache_dir_name("weighted")
     stale.mkdir()
     (stale / "config.json").write_text("{}")  # no weights: an interrupted or foreign entry
-    d = tm.ensure_mtp_draft(tmp_path, pair="weighted")
+    d = mtp_draft.ensure_mtp_draft(tmp_path, pair="weighted")
     assert d == stale and (d / "model.safetensors").is_file()
-    assert json.loads((d / "config.json").read_text()) == tm.mtp_draft_config()
+    assert json.loads((d / "config.json").read_text()) == mtp_draft.mtp_draft_config()
 
 
 def test_unknown_pair_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown tiny model pair 'big'"):
-        tm.ensure_mtp_draft(tmp_path, pair="big")
+        mtp_draft.ensure_mtp_draft(tmp_path, pair="big")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_e2e_specs_resolve_to_the_multi_layer_worker(specs, name, monkeypatch):
                                                  "speculative_num_steps", "chunked_prefill_size")}
     assert got == {"speculative_algorithm": "DETSPEC_EAGLE" if detspec else "EAGLE", "enable_multi_layer_eagle": True,
                    "speculative_use_rejection_sampling": True, "speculative_eagle_topk": 1,
-                   "speculative_num_steps": tm.MTP_LAYERS, "chunked_prefill_size": -1}
+                   "speculative_num_steps": mtp_draft.MTP_LAYERS, "chunked_prefill_size": -1}
 
 
 def test_without_the_multi_layer_flag_sglang_picks_the_single_layer_worker(specs, monkeypatch):
@@ -247,7 +248,7 @@ def _sglang_name(hf_name):
     return name, None
 
 
-@pytest.mark.parametrize("layer", range(tm.MTP_LAYERS))
+@pytest.mark.parametrize("layer", range(mtp_draft.MTP_LAYERS))
 def test_sglang_loads_mtp_layer_i_into_runner_i(weighted, layer, monkeypatch):
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -259,7 +260,7 @@ def test_sglang_loads_mtp_layer_i_into_runner_i(weighted, layer, monkeypatch):
     monkeypatch.setattr(rope_base, "_is_cpu", True)  # construct SGLang's rotary embedding as its CPU engine does
     models, draft = weighted
     file_tensors = load_file(str(draft / "model.safetensors"))
-    assert sorted({n.split(".")[3] for n in file_tensors}) == [str(i) for i in range(tm.MTP_LAYERS)]
+    assert sorted({n.split(".")[3] for n in file_tensors}) == [str(i) for i in range(mtp_draft.MTP_LAYERS)]
     with _sglang_single_rank(models.target):
         model = MiMoV2MTP(AutoConfig.from_pretrained(draft), draft_model_idx=layer)
         params = dict(model.named_parameters())
@@ -304,7 +305,7 @@ class _MultiLayerReference:
         self.ref, self.tr = tr.load_reference(models), tr
         self.cfg, self.w = tr._load(draft)
         self.eps = float(self.cfg["rms_norm_eps"])
-        self.layers = [tr._Layer(self.cfg, self.w, f"model.mtp.layers.{i}.") for i in range(tm.MTP_LAYERS)]
+        self.layers = [tr._Layer(self.cfg, self.w, f"model.mtp.layers.{i}.") for i in range(mtp_draft.MTP_LAYERS)]
 
     def target(self, tokens):
         return self.ref.target(tokens)
@@ -331,8 +332,8 @@ def test_weighted_mtp_draft_accept_length_is_in_the_e2e_range(weighted):
 
     ref = _MultiLayerReference(*weighted)
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, tm.VOCAB_SIZE, (8,), generator=gen).tolist() for _ in range(4)]
-    est = estimate_accept_length(ref, "eagle", prompts=prompts, new_tokens=48, steps=tm.MTP_LAYERS)
+    prompts = [torch.randint(3, tiny_config.VOCAB_SIZE, (8,), generator=gen).tolist() for _ in range(4)]
+    est = estimate_accept_length(ref, "eagle", prompts=prompts, new_tokens=48, steps=mtp_draft.MTP_LAYERS)
     # tests/e2e/test_e2e_multi_layer.py asserts [1.5, 3.5] on the H200; drafts must be rejected part of the time.
     low, high = est.accept_length - 2 * est.accept_length_stderr, est.accept_length + 2 * est.accept_length_stderr
     assert 1.5 <= low and high <= 3.5, est

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from sglang_detspec.models import model_cache, tiny_config
 from sglang_detspec.models import tiny_models as tm
 from sglang_detspec.models import tiny_weights as tw
 from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
@@ -45,7 +46,7 @@ def test_weighted_layout_and_configs(weighted):
     for d in weighted:
         assert (d / "model.safetensors").is_file() and (d / "config.json").is_file()
     t, e3 = (json.loads((d / "config.json").read_text()) for d in (weighted.target, weighted.eagle3_draft))
-    assert t == json.loads(json.dumps(tm._common_config(tm.TARGET_LAYERS, "LlamaForCausalLM")))  # same target config
+    assert t == json.loads(json.dumps(tiny_config.llama_config(tiny_config.TARGET_LAYERS, "LlamaForCausalLM")))  # same target config
     assert e3["num_key_value_heads"] == e3["num_attention_heads"] == 4  # see tiny_weights' docstring
     assert e3["draft_vocab_size"] == t["vocab_size"]
 
@@ -53,7 +54,7 @@ def test_weighted_layout_and_configs(weighted):
 def test_weighted_builds_are_byte_identical_and_pinned(tmp_path, weighted):
     a = tm.build_tiny_models(tmp_path / "a", pair="weighted")
     tm.build_tiny_models(tmp_path / "b", pair="weighted")
-    assert tm.tree_digest(tmp_path / "a") == tm.tree_digest(tmp_path / "b") == tm.tree_digest(weighted.target.parent)
+    assert model_cache.tree_digest(tmp_path / "a") == model_cache.tree_digest(tmp_path / "b") == model_cache.tree_digest(weighted.target.parent)
     got = {name: _sha256(d / "model.safetensors") for name, d in zip(("target", "eagle_draft", "eagle3_draft"), a)}
     assert got == PINNED_SHA256, "weights changed: bump TINY_WEIGHTS_VERSION and update PINNED_SHA256"
 
@@ -205,7 +206,7 @@ def test_sglang_load_weights_fills_every_parameter_with_our_tensors(weighted, wh
 
 
 def _tokens(seed, n):
-    return torch.randint(3, tm.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(3, tiny_config.VOCAB_SIZE, (n,), generator=torch.Generator().manual_seed(seed))
 
 
 def test_target_reference_matches_hf_transformers(weighted, ref):
@@ -247,9 +248,9 @@ def _hf_draft_layer(ref, kind, attn_in_width):
 
 def test_eagle_draft_reference_matches_an_hf_decoder_layer(ref):
     # EAGLE: h = fc(cat(embed(token), hidden)), then a decoder layer whose input_layernorm is the identity.
-    layer, rope = _hf_draft_layer(ref, "eagle", tm.HIDDEN)
+    layer, rope = _hf_draft_layer(ref, "eagle", tiny_config.HIDDEN)
     layer.input_layernorm = torch.nn.Identity()
-    tokens, hidden = _tokens(2, 12), torch.randn(12, tm.HIDDEN, generator=torch.Generator().manual_seed(3))
+    tokens, hidden = _tokens(2, 12), torch.randn(12, tiny_config.HIDDEN, generator=torch.Generator().manual_seed(3))
     h = torch.cat([ref.embed[tokens], hidden], -1) @ ref.eagle_fc_w.T + ref.eagle_fc_b
     pos = torch.arange(12)[None]
     with torch.no_grad():
@@ -262,8 +263,8 @@ def test_eagle_draft_reference_matches_an_hf_decoder_layer(ref):
 
 def test_eagle3_draft_reference_matches_an_hf_attention(ref):
     # EAGLE3 layer 0: attention over cat(input_layernorm(embed), hidden_norm(h)), residual h, then as Llama.
-    layer, rope = _hf_draft_layer(ref, "eagle3", 2 * tm.HIDDEN)
-    tokens, h = _tokens(4, 10), 3 * torch.randn(10, tm.HIDDEN, generator=torch.Generator().manual_seed(5))
+    layer, rope = _hf_draft_layer(ref, "eagle3", 2 * tiny_config.HIDDEN)
+    tokens, h = _tokens(4, 10), 3 * torch.randn(10, tiny_config.HIDDEN, generator=torch.Generator().manual_seed(5))
     norm = lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)  # noqa: E731 (weights are 1)
     attn_in = torch.cat([norm(ref.embed[tokens]), norm(h)], -1)[None]
     pos = torch.arange(10)[None]
@@ -284,7 +285,7 @@ def test_reference_distributions_are_proper(ref):
         assert len(drafts) == len(logits) == 3
         for lg in logits:
             q = lg.double().softmax(-1)
-            assert lg.shape == (tm.VOCAB_SIZE,) and torch.isfinite(lg).all()
+            assert lg.shape == (tiny_config.VOCAB_SIZE,) and torch.isfinite(lg).all()
             assert torch.all(q >= 0) and abs(float(q.sum()) - 1) < 1e-9
             assert float(q.max()) < 0.99  # a real distribution to sample, not a one-hot
     assert torch.allclose(p.sum(-1), torch.ones(16, dtype=torch.float64))
@@ -301,7 +302,7 @@ def test_target_is_mostly_bigram(ref):
     for i in range(4):
         c1, c2 = _tokens(10 + i, 20), _tokens(20 + i, 20)
         last = int(_tokens(30 + i, 1))
-        p1, p2, p3 = next_dist(c1, last), next_dist(c2, last), next_dist(c2, (last + 1) % tm.VOCAB_SIZE)
+        p1, p2, p3 = next_dist(c1, last), next_dist(c2, last), next_dist(c2, (last + 1) % tiny_config.VOCAB_SIZE)
         same.append(0.5 * float((p1 - p2).abs().sum()))
         other.append(0.5 * float((p2 - p3).abs().sum()))
     # Earlier context moves the distribution a little (total variation), the last token moves it a lot.
