@@ -44,8 +44,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from sglang_detspec.stream import reference  # noqa: E402
-from sglang_detspec.benchmark import rand_probs, tied_partner_prob  # noqa: E402
-from sglang_detspec.upstream_replica import (  # noqa: E402
+from sglang_detspec.bench.sampler_bench import rand_probs, tied_partner_prob  # noqa: E402
+from sglang_detspec.bench.upstream_replica import (  # noqa: E402
     upstream_draft_hashes,
     upstream_seeded_fast_sample,
     upstream_seeded_scores,

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 
-from sglang_detspec.benchmark import graph_time_us  # noqa: E402
+from sglang_detspec.bench.sampler_bench import graph_time_us  # noqa: E402
 from sglang_detspec.kernels import truncate_probs_triton  # noqa: E402
 from sglang_detspec.stream.reference import truncate_probs_reference  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Everything in this project that draws, checks or documents a seeded draft token reads its constants
 from here (the Triton kernel in :mod:`sglang_detspec.kernels`, the CPU twin in
-:mod:`sglang_detspec.stream.reference`, the replica of upstream's sampler in :mod:`sglang_detspec.upstream_replica`
+:mod:`sglang_detspec.stream.reference`, the replica of upstream's sampler in :mod:`sglang_detspec.bench.upstream_replica`
 and the tests); what a draw's inputs must be is :mod:`sglang_detspec.stream.draft_contract`.  The definition is upstream's
 (``sglang/srt/speculative/spec_utils.py::fast_sample`` with ``sampling_seed=``, 0.5.23); keeping it
 token-for-token identical means that switching the plugin on or off never changes a token.

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sglang_detspec import cli
-from sglang_detspec.serving_bench import configs as cfgs
-from sglang_detspec.serving_bench import results, step_timing
+from sglang_detspec.bench.serving_bench import configs as cfgs
+from sglang_detspec.bench.serving_bench import results, step_timing
 
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs sglang installed")
 
@@ -55,7 +55,7 @@ def test_bad_configuration_lists_are_refused(bad, message, capsys):
 
 def test_settings_defaults_quick_and_explicit_options(capsys):
     parser = cli.build_parser()
-    from sglang_detspec import serving_bench
+    from sglang_detspec.bench import serving_bench
 
     s = serving_bench.settings_from_args(parser.parse_args(["bench-serve", "--out", "x"]))
     assert s.concurrencies == (1, 8, 32, 128) and s.configs == ("no_spec", "eagle_rs", "eagle_det", "detspec")
@@ -306,7 +306,7 @@ def test_hook_wraps_the_plugins_timed_functions_when_they_are_imported(tmp_path)
     import sys
 
     code = (
-        "from sglang_detspec.serving_bench import step_timing\n"
+        "from sglang_detspec.bench.serving_bench import step_timing\n"
         "assert step_timing.install_from_env()\n"
         "from sglang_detspec.integration import single_layer, verify\n"
         "assert verify.detspec_eagle_sample.__wrapped__.__name__ == 'detspec_eagle_sample'\n"
@@ -326,7 +326,7 @@ def test_client_runs_each_argv_through_bench_servings_own_cli_main(tmp_path, mon
     import sys
     import types
 
-    from sglang_detspec.serving_bench import client
+    from sglang_detspec.bench.serving_bench import client
 
     seen = []
 
@@ -354,8 +354,8 @@ def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=(), fai
     import sys
 
     from sglang_detspec import server_process
+    from sglang_detspec.bench.serving_bench import runner
     from sglang_detspec.models import midsize_models
-    from sglang_detspec.serving_bench import runner
 
     class FakeServer:
         def __init__(self, spec, port, log_path, pid_file=None):
@@ -389,7 +389,7 @@ def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=(), fai
 def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeypatch, capsys):
     """run_benchmark end to end without a GPU: every server started before any is measured (parallel start), each
     measured alone and stopped, a server that fails to start gives error rows, the report files are written."""
-    from sglang_detspec.serving_bench import runner
+    from sglang_detspec.bench.serving_bench import runner
 
     events = []
     speed = {"no_spec": 100.0, "eagle_rs": 200.0, "detspec": 210.0, runner.BREAKDOWN: 50.0}
@@ -481,7 +481,7 @@ def test_client_imports_bench_serving_without_hf_datasets():
         "        raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
         "    return real(name, *a, **k)\n"
         "builtins.__import__ = imp\n"
-        "from sglang_detspec.serving_bench import client\n"
+        "from sglang_detspec.bench.serving_bench import client\n"
         "cli_main, stubbed = client.import_cli_main()\n"
         "import sglang.benchmark.datasets as d\n"
         "assert stubbed == ['sglang.benchmark.datasets.mmmu'], stubbed\n"

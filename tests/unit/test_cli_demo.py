@@ -142,7 +142,7 @@ def test_bench_help_lists_the_benchmarks_own_options():
     proc = run("bench", "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: sglang-detspec bench")
-    # The benchmark's real options (its parser lives in sglang_detspec.benchmark.main), not only -h.
+    # The benchmark's real options (its parser lives in sglang_detspec.bench.sampler_bench.main), not only -h.
     for option in ("--out", "--quick", "--calls-per-graph", "--replays", "--vocab", "--batch"):
         assert option in proc.stdout, option
     assert "usage: bench_sampler" not in proc.stdout and "examples:" in proc.stdout
@@ -185,21 +185,21 @@ def test_import_is_light():
 def test_bench_passes_arguments_and_exit_code(monkeypatch):
     # The real benchmark needs a GPU; a stand-in module records what the CLI hands it.
     calls = []
-    fake = types.ModuleType("sglang_detspec.benchmark")
+    fake = types.ModuleType("sglang_detspec.bench.sampler_bench")
     fake.main = lambda argv: calls.append(argv) or 3
-    monkeypatch.setitem(sys.modules, "sglang_detspec.benchmark", fake)
-    import sglang_detspec
+    monkeypatch.setitem(sys.modules, "sglang_detspec.bench.sampler_bench", fake)
+    import sglang_detspec.bench
 
-    monkeypatch.setattr(sglang_detspec, "benchmark", fake, raising=False)
+    monkeypatch.setattr(sglang_detspec.bench, "sampler_bench", fake, raising=False)
     assert cli.main(["bench", "--batch-sizes", "1,8", "--", "--out", "x.csv"]) == 3
     assert calls == [["--batch-sizes", "1,8", "--out", "x.csv"]]
 
 
 def test_bench_missing_module_is_one_clear_line(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "sglang_detspec.benchmark", None)
-    import sglang_detspec
+    monkeypatch.setitem(sys.modules, "sglang_detspec.bench.sampler_bench", None)
+    import sglang_detspec.bench
 
-    monkeypatch.delattr(sglang_detspec, "benchmark", raising=False)
+    monkeypatch.delattr(sglang_detspec.bench, "sampler_bench", raising=False)
     assert cli.main(["bench"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "benchmark" in err[0] and "not part of this installation" in err[0]
@@ -207,7 +207,7 @@ def test_bench_missing_module_is_one_clear_line(monkeypatch, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the benchmark's refusal on a machine without a GPU")
 def test_bench_runs_the_real_benchmark_module():
-    pytest.importorskip("sglang_detspec.benchmark", reason="the sampler benchmark is not in this checkout yet")
+    pytest.importorskip("sglang_detspec.bench.sampler_bench", reason="the sampler benchmark is not in this checkout yet")
     proc = run("bench", "--quick", "--out", "unused-dir")
     # The real benchmark gets the arguments and answers for itself: no GPU here, so its own one-line refusal.
     assert proc.returncode == 2

@@ -1,4 +1,4 @@
-"""The verify-scheme benchmark's cases (sglang_detspec/verify_schemes_bench.py) compute what they claim to time.
+"""The verify-scheme benchmark's cases (sglang_detspec/bench/verify_schemes_bench.py) compute what they claim to time.
 
 Without a GPU the cases run on CPU tensors (B=2, V=300, S=3): SGLang's Triton chain kernel and its seeded-coin hash
 under TRITON_INTERPRET=1 (tests/conftest.py; the hash through sglang_verify_harness.sglang_hash_on_cpu), the
@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from sglang_detspec import verify_schemes_bench as bench
+from sglang_detspec.bench import verify_schemes_bench as bench
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.verify import VerifySite, truncate_target_probs
 from sglang_detspec.stream.coupled_reference import (
@@ -145,7 +145,7 @@ def test_step_total_row_adds_s_proposals_and_one_verify():
 def test_imports_without_sglang_and_names_what_to_install():
     code = (
         "import sys; sys.modules['sglang'] = None\n"
-        "import sglang_detspec.verify_schemes_bench as b\n"
+        "import sglang_detspec.bench.verify_schemes_bench as b\n"
         "try:\n    b.load_sglang_verify()\nexcept b.SGLangMissing as e:\n    print('MISSING:', e)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -32,8 +32,8 @@ rejection verify's timed call includes it at zero cost, and the coupled verify s
 batches are not measured here (``scripts/bench/bench_truncation.py`` times the truncation kernel).
 
 Each case is captured in a CUDA graph (``--calls-per-graph`` calls back to back) and replayed with
-:func:`sglang_detspec.benchmark.graph_time_us`; median (and p90) µs per call, the ratio coupled / rejection, and
-:func:`sglang_detspec.benchmark.peak_extra_mib` of one eager call. Writes ``verify_schemes_bench.csv`` and
+:func:`sglang_detspec.bench.sampler_bench.graph_time_us`; median (and p90) µs per call, the ratio coupled / rejection, and
+:func:`sglang_detspec.bench.sampler_bench.peak_extra_mib` of one eager call. Writes ``verify_schemes_bench.csv`` and
 ``.json`` to ``--out`` and prints a table.
 
 Caveats: kernel times only -- not timed (the same under both schemes): the target softmax, the coins (``eagle_sample``
@@ -58,12 +58,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from .benchmark import VOCABS, graph_time_us, peak_extra_mib
-from .integration import scheme
-from .integration.coupled_verify import coupled_chain_verify
-from .integration.proposal import seeded_draft_proposal
-from .integration.verify import VerifySite, truncate_target_probs
-from .kernels.launch_checks import require_launch
+from sglang_detspec.bench.sampler_bench import VOCABS, graph_time_us, peak_extra_mib
+from sglang_detspec.integration import scheme
+from sglang_detspec.integration.coupled_verify import coupled_chain_verify
+from sglang_detspec.integration.proposal import seeded_draft_proposal
+from sglang_detspec.integration.verify import VerifySite, truncate_target_probs
+from sglang_detspec.kernels.launch_checks import require_launch
 
 BATCHES = (1, 8, 32, 128, 256)
 QUICK_BATCHES = (1, 128)
@@ -245,7 +245,7 @@ def parse_launches(text: str) -> List[tuple]:
 def measure_launches(batch: int, vocab: int, steps: int, launches, calls_per_graph: int, replays: int,
                      device) -> List[Dict]:
     """The coupled race alone on proposal-shaped and verify-shaped rows, under the default and each launch."""
-    from .kernels.coupled_race_probs import coupled_race_probs, race_launch
+    from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs, race_launch
 
     inp = make_step_inputs(batch, vocab, steps, device)
     shapes = (("proposal", inp.draft_probs[:, 1].contiguous(), inp.seeds, inp.seq_lens + 1),
@@ -283,7 +283,7 @@ def run(out_dir: Path, quick: bool = False, vocabs: Optional[Sequence[int]] = No
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     chain_kernel, seeded_verify_coins = load_sglang_verify()
-    from .integration import compat
+    from sglang_detspec.integration import compat
 
     device = torch.device("cuda")
     vocabs = list(vocabs or (VOCABS[-1:] if quick else VOCABS))

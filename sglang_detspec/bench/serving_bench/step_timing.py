@@ -38,7 +38,7 @@ __all__ = ["ENV_VAR", "PHASES", "install_from_env", "summarize", "SITECUSTOMIZE"
 ENV_VAR = "SGLANG_DETSPEC_STEP_TIMING"
 PHASES = ("draft_forward", "draft_sampling", "verify_forward", "verify_sampling", "bookkeeping")
 _REGIONS = ("step", "draft", "draft_extend", "draft_sampling", "verify_forward", "verify_sampling")
-SITECUSTOMIZE = "from sglang_detspec.serving_bench import step_timing\nstep_timing.install_from_env()\n"
+SITECUSTOMIZE = "from sglang_detspec.bench.serving_bench import step_timing\nstep_timing.install_from_env()\n"
 _FLUSH_EVERY = 20
 
 

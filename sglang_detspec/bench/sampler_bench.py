@@ -5,7 +5,7 @@
 Needs a CUDA GPU; SGLang is not needed (both comparison paths are re-implemented here):
 
 * ``upstream_seeded``: SGLang 0.5.23 ``fast_sample(probs, 1, sampling_seed=, positions=, draft_step=)``
-  step by step (:func:`sglang_detspec.upstream_replica.upstream_seeded_fast_sample`: upstream's Triton
+  step by step (:func:`sglang_detspec.bench.upstream_replica.upstream_seeded_fast_sample`: upstream's Triton
   ``murmur_hash32`` writing ``[B, V]`` uint32, then float64 torch ops and ``argmax``).
 * ``unseeded``: the unseeded exponential race (``empty_like(probs).exponential_(); clamp_min_(tiny);
   probs / q; argmax``; upstream uses its own ``row_argmax`` kernel, here ``torch.argmax``).
@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .upstream_replica import upstream_seeded_fast_sample
+from sglang_detspec.bench.upstream_replica import upstream_seeded_fast_sample
 
 VOCABS = (151936, 163840)
 BATCHES = (1, 8, 32, 128, 256)
@@ -54,7 +54,7 @@ def unseeded_fast_sample(probs, sampling_seed=None, positions=None, draft_step=0
 
 
 def _fused(probs, sampling_seed, positions, draft_step=0):
-    from .kernels import seeded_draft_sample
+    from sglang_detspec.kernels import seeded_draft_sample
 
     return seeded_draft_sample(probs, sampling_seed, positions, draft_step)
 
@@ -190,7 +190,7 @@ LAUNCH_VARIANTS = {
 
 def launch_variant(name: str) -> Callable:
     """A sampler call ``fn(probs, seeds, pos, step, greedy=None)`` with the launch of ``LAUNCH_VARIANTS[name]``."""
-    from .kernels import LaunchConfig, seeded_draft_sample
+    from sglang_detspec.kernels import LaunchConfig, seeded_draft_sample
 
     over = LAUNCH_VARIANTS[name]
     config = LaunchConfig(*over) if over is not None else None

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from sglang_detspec.serving_bench import configs as _configs
+from sglang_detspec.bench.serving_bench import configs as _configs
 
 __all__ = ["add_arguments", "settings_from_args", "shape_from_args", "run", "dry_run_text"]
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(dry_run_text(settings, shape, args.out))
         return 0
-    from sglang_detspec.serving_bench.runner import run_benchmark
+    from sglang_detspec.bench.serving_bench.runner import run_benchmark
 
     return run_benchmark(settings, args.out, models_dir=args.models_dir, shape=shape,
                          start_timeout=args.start_timeout)

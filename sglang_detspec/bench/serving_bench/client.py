@@ -1,5 +1,5 @@
 """Runs SGLang's own serving benchmark client several times in one process: ``python -m
-sglang_detspec.serving_bench.client RUNS.json``.
+sglang_detspec.bench.serving_bench.client RUNS.json``.
 
 Each entry of ``RUNS.json`` (``{"runs": [{"argv": [...], "reset_url": URL or null}, ...]}``) is the argument list
 of one ``python -m sglang.bench_serving`` run; this module sets ``sys.argv`` to it and calls that module's own

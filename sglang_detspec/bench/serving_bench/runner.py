@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from sglang_detspec import server_process
-from sglang_detspec.serving_bench import configs as cfgs
-from sglang_detspec.serving_bench import results
+from sglang_detspec.bench.serving_bench import configs as cfgs
+from sglang_detspec.bench.serving_bench import results
 
 __all__ = ["run_benchmark"]
 
@@ -74,7 +74,7 @@ def _specs(settings: cfgs.BenchSettings, pair, out: Path) -> Dict[str, server_pr
     if settings.breakdown:
         hook_dir = out / "step_timing_hook"
         hook_dir.mkdir(parents=True, exist_ok=True)
-        from sglang_detspec.serving_bench import step_timing
+        from sglang_detspec.bench.serving_bench import step_timing
 
         (hook_dir / "sitecustomize.py").write_text(step_timing.SITECUSTOMIZE)
         path = os.pathsep.join([str(hook_dir), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -102,7 +102,7 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
     t0 = time.time()
     try:
         with open(log, "w") as f:
-            proc = subprocess.run([sys.executable, "-m", "sglang_detspec.serving_bench.client",
+            proc = subprocess.run([sys.executable, "-m", "sglang_detspec.bench.serving_bench.client",
                                    str(work / f"{name}-runs.json")], stdout=f, stderr=subprocess.STDOUT,
                                   timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
         why = f"bench_serving client exited {proc.returncode}"
@@ -127,7 +127,7 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
 
 
 def _breakdown(server, settings, pair, out: Path) -> dict:
-    from sglang_detspec.serving_bench import step_timing
+    from sglang_detspec.bench.serving_bench import step_timing
 
     timing = out / "step_timing.json"
 
@@ -177,7 +177,7 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
     # bench_serving imports aiohttp, orjson, tqdm, ... that a server does not need: check them while the pair is
     # generated, so a missing one fails the benchmark in seconds instead of after every server's start-up.
     client_check = subprocess.Popen(
-        [sys.executable, "-m", "sglang_detspec.serving_bench.client", "--check"], stdout=subprocess.PIPE,
+        [sys.executable, "-m", "sglang_detspec.bench.serving_bench.client", "--check"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
     pair = midsize_models.ensure_midsize_pair(models_dir or Path(tempfile.gettempdir()) / "sglang-detspec-models", shape)
     gen_s = round(time.time() - t_start, 1)

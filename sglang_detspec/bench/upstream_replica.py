@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .stream import keys
+from sglang_detspec.stream import keys
 
 __all__ = ["upstream_murmur_hash32", "upstream_draft_hashes", "upstream_seeded_scores", "upstream_seeded_fast_sample"]
 
