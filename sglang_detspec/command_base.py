@@ -11,7 +11,7 @@ EXIT_OK = 0
 EXIT_FAIL = 1  # the command ran and a checked property does not hold
 EXIT_ERROR = 2  # the command could not run (usage, unreachable server, missing GPU, ...)
 
-# sglang_detspec.integration.algorithm registers these names with SGLang.
+# sglang_detspec.integration.setup.algorithm registers these names with SGLang.
 DETSPEC_ALGORITHMS = ("DETSPEC_EAGLE", "DETSPEC_EAGLE3", "DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT")
 
 

@@ -5,15 +5,15 @@ SGLang's ``load_plugins()`` runs :func:`load_plugin` in every process it starts 
 scheduler, DP-controller and detokenizer process. It registers
 
 * the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
-  (:mod:`sglang_detspec.integration.algorithm`), and
-* the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
-* a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.request_validation`),
-* per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
-* replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
+  (:mod:`sglang_detspec.integration.setup.algorithm`), and
+* the server-argument resolution hook (:mod:`sglang_detspec.integration.setup.server_args`),
+* a per-request ``sampling_seed`` range check (:mod:`sglang_detspec.integration.setup.request_validation`),
+* per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.setup.parallel_sampling`),
+* replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.setup.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
-  (:mod:`sglang_detspec.integration.scheduler_check`),
+  (:mod:`sglang_detspec.integration.setup.scheduler_check`),
 * the opt-in token-id-keyed target sampler for non-speculative deterministic servers,
-  ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.token_id_sampler_opt_in`),
+  ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.setup.token_id_sampler_opt_in`),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -53,7 +53,7 @@ def load_plugin() -> Dict[str, object]:
     Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
     """
     try:
-        from sglang_detspec.integration import (
+        from sglang_detspec.integration.setup import (
             algorithm,
             parallel_sampling,
             request_validation,
@@ -118,7 +118,13 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import algorithm, retraction, scheduler_check, server_args, token_id_sampler_opt_in
+    from sglang_detspec.integration.setup import (
+        algorithm,
+        retraction,
+        scheduler_check,
+        server_args,
+        token_id_sampler_opt_in,
+    )
 
     return {
         "sglang_version": compat.installed_sglang_version(),

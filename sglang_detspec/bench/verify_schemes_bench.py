@@ -8,15 +8,15 @@ its ``multinomial_with_seed`` clamp). For one decode step of a linear topk-1 cha
 (``S + 1`` verify rows per request), it measures, in one run, on the same inputs:
 
 * ``proposal`` (one draft step on a ``[B, V]`` float32 q; a decode step runs ``S`` of them): rejection =
-  :func:`~sglang_detspec.integration.proposal.seeded_draft_proposal` under ``scheme.REJECTION`` (the fused seeded
+  :func:`~sglang_detspec.integration.sampling.proposal.seeded_draft_proposal` under ``scheme.REJECTION`` (the fused seeded
   sampler), coupled = the same entry point under ``scheme.selected(scheme.COUPLED)`` (``log q`` + the coupled race).
 * ``verify`` over ``target_probs`` ``[B, S+1, V]``: rejection = SGLang's ``chain_speculative_sampling_triton`` with
   the keyword arguments ``eagle_sample`` passes (0.5.17 and 0.5.23 pass the same ones: outputs ``predicts`` int32
   ``[B*(S+1)]``, ``accept_index`` int32 ``[B, S+1]``, ``accept_token_num`` int32 ``[B]``; int64 ``candidates`` /
   ``retrive_*`` of the chain; SGLang's seeded coins from its own ``_seeded_verify_coins``; ``draft_probs``
   ``[B, S, V]``; thresholds 1.0, SGLang's defaults, which the Triton kernel does not read; ``deterministic=True``),
-  behind :func:`~sglang_detspec.integration.verify.truncate_target_probs` exactly as DETSPEC's chain wrapper runs
-  it; coupled = :func:`~sglang_detspec.integration.coupled_verify.coupled_chain_verify` with those kwargs and a
+  behind :func:`~sglang_detspec.integration.sampling.verify.truncate_target_probs` exactly as DETSPEC's chain wrapper runs
+  it; coupled = :func:`~sglang_detspec.integration.sampling.coupled_verify.coupled_chain_verify` with those kwargs and a
   minimal ``sampling_info`` (what ``coupled_target_tokens`` reads: seeds, the ``need_*`` flags, ``top_ks`` /
   ``top_ps`` / ``min_ps``; temperatures for completeness).
 * ``step_total``: ``S`` proposals + 1 verify (sum of medians; peak = the larger of the two).
@@ -59,10 +59,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from sglang_detspec.bench.sampler_bench import VOCABS, graph_time_us, peak_extra_mib
-from sglang_detspec.integration import scheme
-from sglang_detspec.integration.coupled_verify import coupled_chain_verify
-from sglang_detspec.integration.proposal import seeded_draft_proposal
-from sglang_detspec.integration.verify import VerifySite, truncate_target_probs
+from sglang_detspec.integration.sampling import scheme
+from sglang_detspec.integration.sampling.coupled_verify import coupled_chain_verify
+from sglang_detspec.integration.sampling.proposal import seeded_draft_proposal
+from sglang_detspec.integration.sampling.verify import VerifySite, truncate_target_probs
 from sglang_detspec.kernels.launch_checks import require_launch
 
 BATCHES = (1, 8, 32, 128, 256)

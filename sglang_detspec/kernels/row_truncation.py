@@ -308,7 +308,7 @@ def _validate(probs, top_ks, top_ps, min_ps, renormalize, out) -> None:
     require_cuda_or_interpreter(
         probs,
         "sglang_detspec.stream.reference.truncate_probs_reference "
-        "(or sglang_detspec.integration.truncation.truncate_probs)",
+        "(or sglang_detspec.integration.sampling.truncation.truncate_probs)",
     )
 
 

@@ -22,7 +22,7 @@ Why this shape (sglang 0.5.17 file:line; 0.5.23 in brackets):
   [:2663]), and a hybrid-SWA draft pool needs the target's SWA allocator, which a Llama target does not have
   (mem_cache/kv_cache_configurator.py:1608 [:2963] asserts SWATokenToKVPoolAllocator).
 * ``--chunked-prefill-size -1`` and ``--disable-radix-cache``: DETSPEC refuses multi-layer EAGLE with chunked
-  prefill and with the radix cache (sglang_detspec.integration.server_args).
+  prefill and with the radix cache (sglang_detspec.integration.setup.server_args).
 * Weights: MiMo-V2-Flash's checkpoint layout, ``model.mtp.layers.{i}.*`` for MTP layer i; the loader gives
   runner i layer ``draft_model_idx`` only (loader.py:675-690). There are MTP_LAYERS of them, so serve with
   ``--speculative-num-steps`` <= MTP_LAYERS (a runner without its layer would keep uninitialised weights).

@@ -3,7 +3,7 @@
 SGLang expands a request with ``n > 1`` into ``n`` copies that share one ``sampling_seed``, so on a
 deterministic server the ``n`` samples are identical (upstream behaviour; users asking for per-choice seeds:
 sgl-project/sglang#28805, inclusionAI/AReaL#1524). On a DETSPEC server, choice ``i`` of a request with seed ``s``
-samples with ``choice_seed(s, i)`` instead (:mod:`sglang_detspec.integration.parallel_sampling` applies it):
+samples with ``choice_seed(s, i)`` instead (:mod:`sglang_detspec.integration.setup.parallel_sampling` applies it):
 
     choice_seed(s, 0) = s                                           # n = 1 output is unchanged
     choice_seed(s, i) = splitmix64_mix((s mod 2**64) + i * GOLDEN_GAMMA mod 2**64) & (2**63 - 1)   for i >= 1

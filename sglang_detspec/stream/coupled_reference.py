@@ -1,7 +1,7 @@
 """Pure-torch reference of the speculation-invariant ("coupled") race and verify (issue 18).
 
 The race is SGLang's own non-speculative seeded sampler, ``sglang/srt/layers/sampler.py::multinomial_with_seed``,
-keyed the way the plugin keys every target row (by token id: ``integration/target_sampler.py``).  For row ``r``
+keyed the way the plugin keys every target row (by token id: ``integration/sampling/target_sampler.py``).  For row ``r``
 with request seed ``s``, key position ``p`` and float32 log-probabilities ``l`` (``torch.log`` of the
 probabilities the sampler races: softmax of ``logits / temperature``, then the row's token-id-keyed top-k /
 top-p / min-p truncation, not renormalised -- what ``sampling_from_probs_torch`` hands to

@@ -1,6 +1,6 @@
 """The input contract of a seeded draft draw, written once.
 
-Three callers hand the same inputs on: ``integration.proposal.seeded_draft_proposal`` (what every DETSPEC
+Three callers hand the same inputs on: ``integration.sampling.proposal.seeded_draft_proposal`` (what every DETSPEC
 draft site calls), the CPU twin ``reference.seeded_draft_sample`` and the Triton kernel
 ``kernels.seeded_draft_sample``.  Each validates through here, so a wrong input gets the same actionable
 ``ValueError`` (naming the argument and the fix) wherever it enters, instead of a wrong stream or an error

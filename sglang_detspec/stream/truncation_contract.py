@@ -2,7 +2,7 @@
 
 Two implementations take the same inputs: the pure-torch reference ``reference.truncate_probs_reference`` and the
 Triton kernel ``kernels.row_truncation.truncate_probs_triton`` (both reached through
-``integration.truncation.truncate_probs``). Each validates through here, so a wrong input gets the same actionable
+``integration.sampling.truncation.truncate_probs``). Each validates through here, so a wrong input gets the same actionable
 ``ValueError`` wherever it enters. Nothing here reads tensor values (no host synchronisation: the checks also run
 under CUDA-graph capture). torch only. The rules themselves are stated once, in :mod:`sglang_detspec.stream.reference`
 ("Row-local top-k / top-p / min-p truncation").

@@ -62,7 +62,7 @@ if not FA3_AVAILABLE:
 #: Same attention backend (triton), CUDA graphs on and off: the same tokens.
 SAME_TOKENS = ("detspec_mtp_graph", "detspec_mtp_nograph")
 ACCEPT_RANGE = (1.5, 3.5)
-#: What sglang_detspec.integration.worker_checks logs once the scheduler has built the DETSPEC worker.
+#: What sglang_detspec.integration.workers.worker_checks logs once the scheduler has built the DETSPEC worker.
 WORKER_LOG_LINE = (
     "sglang-detspec: DETSPEC_EAGLE runs DetspecMultiLayerEagleWorkerV2 with DetspecMultiLayerEagleDraftWorker "
     "and the DETSPEC target sampler."

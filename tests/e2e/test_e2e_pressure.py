@@ -12,7 +12,7 @@ are recorded as a third witness.
 
 What is asserted: the probe was retracted in some trial on every forced server (otherwise the run is no evidence),
 and on every DETSPEC server every trial -- the probe retracted, only others retracted, or none -- gives the probe
-alone's tokens (``sglang_detspec.integration.retraction``: a retracted DETSPEC request replays from its prompt).
+alone's tokens (``sglang_detspec.integration.setup.retraction``: a retracted DETSPEC request replays from its prompt).
 
 Controls that must fail if the run means anything: DETSPEC without the replay
 (``tests/e2e/controls/no_retraction_replay``) under the same forced retraction changes the probe, first in a trial

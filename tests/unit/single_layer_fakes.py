@@ -28,8 +28,8 @@ import torch
 
 from sglang.srt.runtime_context import get_context
 
-from sglang_detspec.integration import proposal as proposal_mod
-from sglang_detspec.integration import single_layer as sl
+from sglang_detspec.integration.sampling import proposal as proposal_mod
+from sglang_detspec.integration.workers import single_layer as sl
 
 V = 48
 HIDDEN = 8

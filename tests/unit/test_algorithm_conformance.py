@@ -23,8 +23,9 @@ from sglang.srt.speculative import spec_registry  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo  # noqa: E402
 
-from sglang_detspec.integration import algorithm, compat  # noqa: E402
-from sglang_detspec.integration.algorithm import (  # noqa: E402
+from sglang_detspec.integration import compat  # noqa: E402
+from sglang_detspec.integration.setup import algorithm  # noqa: E402
+from sglang_detspec.integration.setup.algorithm import (  # noqa: E402
     ALGORITHM_CLASSES,
     DetspecSpecAlgo,
     ResolutionHookInactive,
@@ -190,7 +191,7 @@ def test_worker_choice_mirrors_upstream(tmp_path, arch, extra):
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
     from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
-    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
+    from sglang_detspec.integration.workers.spec_workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
 
     ours = _resolved(tmp_path, arch, "DETSPEC_EAGLE", **extra)
     theirs = _resolved(tmp_path, arch, "EAGLE", **extra)

@@ -308,7 +308,8 @@ def test_hook_wraps_the_plugins_timed_functions_when_they_are_imported(tmp_path)
     code = (
         "from sglang_detspec.bench.serving_bench import step_timing\n"
         "assert step_timing.install_from_env()\n"
-        "from sglang_detspec.integration import single_layer, verify\n"
+        "from sglang_detspec.integration.sampling import verify\n"
+        "from sglang_detspec.integration.workers import single_layer\n"
         "assert verify.detspec_eagle_sample.__wrapped__.__name__ == 'detspec_eagle_sample'\n"
         "assert single_layer._detspec_sample_draft_proposal.__wrapped__.__name__ == '_detspec_sample_draft_proposal'\n"
         "w = single_layer.DetspecEAGLEWorkerV2\n"

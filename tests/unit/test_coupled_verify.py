@@ -1,6 +1,6 @@
 """The speculation-invariant scheme (issue 18) end to end on CPU: every token it emits is SGLang's own.
 
-Under ``scheme.COUPLED`` the rebound upstream ``eagle_sample`` (``integration/verify.py``) hands the verify to
+Under ``scheme.COUPLED`` the rebound upstream ``eagle_sample`` (``integration/sampling/verify.py``) hands the verify to
 ``coupled_chain_verify`` instead of the rejection chain kernel, and ``seeded_draft_proposal`` proposes by
 ``coupled_draft_proposal``.  The expected tokens here come from SGLang's non-speculative sampler, never from the code
 under test: ``sglang.srt.layers.sampler.sampling_from_probs_torch`` (-> ``multinomial_with_seed``, run eagerly as in
@@ -29,8 +29,9 @@ import importlib
 import pytest
 import torch
 
-from sglang_detspec.integration import compat, coupled_verify, scheme, verify
-from sglang_detspec.integration.proposal import seeded_draft_proposal
+from sglang_detspec.integration import compat
+from sglang_detspec.integration.sampling import coupled_verify, scheme, verify
+from sglang_detspec.integration.sampling.proposal import seeded_draft_proposal
 from sglang_detspec.stream.coupled_reference import position_with_hash
 
 import sglang_verify_harness as harness

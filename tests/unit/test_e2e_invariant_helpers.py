@@ -135,7 +135,8 @@ def _resolve(spec, monkeypatch):
 
 @pytest.mark.parametrize("name", INVARIANT_SERVERS)
 def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
-    from sglang_detspec.integration import compat, scheme
+    from sglang_detspec.integration import compat
+    from sglang_detspec.integration.sampling import scheme
     from sglang_detspec.models import mtp_draft, second_eagle_draft
 
     root, models, specs = models_and_specs
@@ -162,7 +163,7 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
 
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
+    from sglang_detspec.integration.workers.spec_workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
 
     with scheme.selected(scheme.REJECTION):  # the factory fixes the process's scheme; restored afterwards
         worker = SpeculativeAlgorithm.from_string(got["speculative_algorithm"]).create_worker(sa)

@@ -327,7 +327,7 @@ def test_a_short_answer_is_an_error_exit(fake_run, capsys):
 @pytest.fixture
 def verify_on_cpu(monkeypatch):
     harness = pytest.importorskip("sglang_verify_harness")
-    from sglang_detspec.integration import verify
+    from sglang_detspec.integration.sampling import verify
 
     with harness.eagle_sample_on_cpu(monkeypatch):
         verify._rebound_eagle_sample.cache_clear()

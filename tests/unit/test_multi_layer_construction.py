@@ -17,8 +17,8 @@ import torch
 import sglang.srt.speculative.multi_layer_eagle_draft_extend_cuda_graph_runner as mlr
 import sglang.srt.speculative.multi_layer_eagle_worker_v2 as mlw
 
-from sglang_detspec.integration import multi_layer as ml
-from sglang_detspec.integration.target_sampler import detspec_sampler_class
+from sglang_detspec.integration.sampling.target_sampler import detspec_sampler_class
+from sglang_detspec.integration.workers import multi_layer as ml
 
 import sglang_verify_harness as harness
 from multi_layer_fakes import (  # noqa: F401  (spy: a pytest fixture)

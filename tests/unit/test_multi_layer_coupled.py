@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_detspec.integration import scheme
+from sglang_detspec.integration.sampling import scheme
 
 import sglang_verify_harness as harness
 from multi_layer_fakes import (  # noqa: F401  (spy: a pytest fixture)

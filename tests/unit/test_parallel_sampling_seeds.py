@@ -36,7 +36,7 @@ _SCRIPT = textwrap.dedent(
     from sglang.srt.parser.template_manager import TemplateManager
     from sglang.srt.server_args import PortArgs, ServerArgs
     from sglang_detspec.integration import compat
-    from sglang_detspec.integration.parallel_sampling import SAME_SEED_ENV, parallel_sampling_hook_active
+    from sglang_detspec.integration.setup.parallel_sampling import SAME_SEED_ENV, parallel_sampling_hook_active
     from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     plain_args = ServerArgs(model_path=str(ensure_tiny_models(pair="dummy").target), device="cpu")

@@ -55,7 +55,8 @@ _LOADER_SCRIPT = textwrap.dedent(
     first = {n: known(n) for n in ("DETSPEC_EAGLE", "DETSPEC_EAGLE3", "DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT")}
     out["first"] = {n: type(a).__name__ if a is not None else None for n, a in first.items()}
 
-    from sglang_detspec.integration import compat, server_args
+    from sglang_detspec.integration import compat
+    from sglang_detspec.integration.setup import server_args
     from sglang_detspec.plugin import plugin_status
 
     target = compat.resolution_entry_target()

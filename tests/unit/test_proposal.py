@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang_detspec.integration import proposal
+from sglang_detspec.integration.sampling import proposal
 from sglang_detspec.stream import reference
 
 TOP_K_ALL = 1 << 30

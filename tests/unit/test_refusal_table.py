@@ -1,4 +1,4 @@
-"""The README's refusal table and the code's refusals (integration/server_args.py) must agree: every flag or
+"""The README's refusal table and the code's refusals (integration/setup/server_args.py) must agree: every flag or
 environment variable a ``_refuse(...)`` call names appears in the README's table, and every flag in the table's
 first column is one the code names. A refusal added without its README row (or a row left for a removed refusal)
 fails here."""
@@ -29,7 +29,7 @@ def _strings_assigned(func: ast.AST, name: str):
 
 def refused_tokens() -> set:
     """Flags / env vars in the *flag* argument of every ``_refuse(name, flag, why, fix)`` call."""
-    tree = ast.parse((ROOT / "sglang_detspec" / "integration" / "server_args.py").read_text())
+    tree = ast.parse((ROOT / "sglang_detspec" / "integration" / "setup" / "server_args.py").read_text())
     tokens = set()
     for func in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         for call in (n for n in ast.walk(func) if isinstance(n, ast.Call)):
@@ -57,7 +57,7 @@ def test_every_refused_flag_has_a_readme_row():
 def test_every_flag_in_the_readme_table_is_refused_by_the_code():
     # The refusing code reads a flag as its ServerArgs field (--rl-on-policy-target -> rl_on_policy_target) and the
     # prefill-alignment environment variables through compat's table.
-    src = "".join((ROOT / "sglang_detspec" / "integration" / f).read_text() for f in ("server_args.py", "compat.py"))
+    src = "".join((ROOT / "sglang_detspec" / "integration" / f).read_text() for f in ("setup/server_args.py", "compat.py"))
     first_column = " ".join(row.split("|")[1] for row in readme_table())
     unknown = sorted(t for t in set(TOKEN.findall(first_column))
                      if t not in src and t.lstrip("-").replace("-", "_") not in src)

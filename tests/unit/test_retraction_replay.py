@@ -22,7 +22,8 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from sglang.srt.managers.scheduler_components import output_streamer
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from sglang_detspec.integration import compat, retraction
+from sglang_detspec.integration import compat
+from sglang_detspec.integration.setup import retraction
 
 PROMPT = array("q", [11, 12, 13, 14, 15, 16, 17])
 # The request's trajectory: what it generates whenever it runs from its prompt (a deterministic request's tokens).

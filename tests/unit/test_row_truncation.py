@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_detspec.integration.truncation import truncate_probs
+from sglang_detspec.integration.sampling.truncation import truncate_probs
 from sglang_detspec.kernels import truncate_probs_triton
 from sglang_detspec.stream.reference import truncate_probs_reference
 
@@ -466,7 +466,7 @@ def test_empty_batches_return_empty_outputs():
 
 def test_entry_point_module_imports_neither_sglang_nor_the_kernel():
     code = (
-        "import sys; import sglang_detspec.integration.truncation; "
+        "import sys; import sglang_detspec.integration.sampling.truncation; "
         "bad = [m for m in sys.modules if m == 'sglang' or m.startswith(('sglang.', 'sglang_detspec.kernels', "
         "'triton'))]; print(bad); sys.exit(1 if bad else 0)"
     )

@@ -18,9 +18,9 @@ load_plugin()
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from sglang_detspec.integration import compat  # noqa: E402
-from sglang_detspec.integration import server_args as detspec_args  # noqa: E402
-from sglang_detspec.integration.algorithm import ResolutionHookInactive  # noqa: E402
-from sglang_detspec.integration.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.integration.setup import server_args as detspec_args  # noqa: E402
+from sglang_detspec.integration.setup.algorithm import ResolutionHookInactive  # noqa: E402
+from sglang_detspec.integration.setup.server_args import DetspecConfigError  # noqa: E402
 
 NAMES = ["DETSPEC_EAGLE", "DETSPEC_EAGLE3"]
 TWIN = {"DETSPEC_EAGLE": "EAGLE", "DETSPEC_EAGLE3": "EAGLE3"}
@@ -275,7 +275,7 @@ def test_what_a_scheduler_sees(models, name):
     from sglang.srt.runtime_context import get_exec, get_spec, publish, reset_context
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_detspec.integration.algorithm import ALGORITHM_CLASSES
+    from sglang_detspec.integration.setup.algorithm import ALGORITHM_CLASSES
 
     child = pickle.loads(pickle.dumps(resolve(**base_args(models, name))))
     try:

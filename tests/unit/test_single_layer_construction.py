@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_detspec.integration import single_layer as sl
-from sglang_detspec.integration.target_sampler import detspec_sampler_class
+from sglang_detspec.integration.sampling.target_sampler import detspec_sampler_class
+from sglang_detspec.integration.workers import single_layer as sl
 
 import sglang_verify_harness as harness
 from single_layer_fakes import (  # noqa: F401  (recorder, eager_torch_compile: pytest fixtures)

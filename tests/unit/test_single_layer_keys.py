@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_detspec.integration import single_layer as sl
+from sglang_detspec.integration.workers import single_layer as sl
 
 from single_layer_fakes import (  # noqa: F401  (recorder, eager_torch_compile: pytest fixtures)
     HIDDEN,

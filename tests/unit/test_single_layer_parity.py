@@ -34,7 +34,7 @@ if "sampling_seed" not in __import__("inspect").signature(spec_utils.fast_sample
 
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker  # noqa: E402
 
-from sglang_detspec.integration import single_layer as sl  # noqa: E402
+from sglang_detspec.integration.workers import single_layer as sl  # noqa: E402
 
 import single_layer_fakes as H  # noqa: E402
 

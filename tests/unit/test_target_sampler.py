@@ -1,4 +1,4 @@
-"""The DETSPEC target sampler (integration/target_sampler.py) on SGLang's real ``Sampler._sample_from_probs``.
+"""The DETSPEC target sampler (integration/sampling/target_sampler.py) on SGLang's real ``Sampler._sample_from_probs``.
 
 Upstream, once any row of a seeded batch has top-k, top-p or min-p (a greedy neighbour counts), every row is sampled
 by ``top_k_top_p_min_p_sampling_from_probs_torch``, which hashes the Gumbel noise by *rank*: a temperature-only
@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from sglang_detspec.integration import target_sampler
+from sglang_detspec.integration.sampling import target_sampler
 
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params

@@ -26,7 +26,7 @@ load_plugin()
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from sglang_detspec.integration import compat  # noqa: E402
-from sglang_detspec.integration.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.integration.setup.server_args import DetspecConfigError  # noqa: E402
 from sglang_detspec.models import model_cache, mtp_draft, tiny_config  # noqa: E402
 from sglang_detspec.models import tiny_models as tm  # noqa: E402
 
@@ -115,7 +115,7 @@ def test_e2e_specs_resolve_to_the_multi_layer_worker(specs, name, monkeypatch):
     parser and resolution to its multi-layer worker -- DETSPEC's for DETSPEC_EAGLE, upstream's for the control."""
     from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
-    from sglang_detspec.integration.workers import DetspecMultiLayerEagleWorkerV2
+    from sglang_detspec.integration.workers.spec_workers import DetspecMultiLayerEagleWorkerV2
 
     spec = specs[name]
     for key, value in spec.env.items():
@@ -133,7 +133,7 @@ def test_e2e_specs_resolve_to_the_multi_layer_worker(specs, name, monkeypatch):
 
 def test_without_the_multi_layer_flag_sglang_picks_the_single_layer_worker(specs, monkeypatch):
     """The flag, not the draft, switches the worker (the target is a Llama: no model override applies)."""
-    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2
+    from sglang_detspec.integration.workers.spec_workers import DetspecEAGLEWorkerV2
 
     monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     argv = [a for a in specs["detspec_mtp_graph"].args if a != "--enable-multi-layer-eagle"]

@@ -1,5 +1,5 @@
 """``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1``: the token-id-keyed target sampler on a non-speculative deterministic server
-(integration/token_id_sampler_opt_in.py).
+(integration/setup/token_id_sampler_opt_in.py).
 
 The hook is exercised through SGLang's real ``Scheduler.init_tp_model_worker`` as the plugin patches it
 (``load_plugin`` applies the ``HookRegistry`` hooks in this process): only ``TpModelWorker`` is replaced, by a stand-in
@@ -15,8 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_detspec.integration import target_sampler, token_id_sampler_opt_in
-from sglang_detspec.integration.server_args import DetspecConfigError
+from sglang_detspec.integration.sampling import target_sampler
+from sglang_detspec.integration.setup import token_id_sampler_opt_in
+from sglang_detspec.integration.setup.server_args import DetspecConfigError
 from sglang_detspec.plugin import load_plugin
 
 import sglang_verify_harness as harness

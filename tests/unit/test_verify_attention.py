@@ -19,7 +19,7 @@ import torch
 triton_backend = pytest.importorskip("sglang.srt.layers.attention.triton_backend")
 from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd  # noqa: E402
 
-from sglang_detspec.integration import verify_attention  # noqa: E402
+from sglang_detspec.integration.sampling import verify_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 32
 SPLIT_TILE = 8

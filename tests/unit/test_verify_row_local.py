@@ -1,4 +1,4 @@
-"""DETSPEC verify (integration/verify.py) on SGLang's real ``eagle_sample``: each row is verified by its own params.
+"""DETSPEC verify (integration/sampling/verify.py) on SGLang's real ``eagle_sample``: each row is verified by its own params.
 
 Upstream renormalises the target probabilities batch-wide (one top-k / top-p / greedy neighbour sends every row
 through FlashInfer's renorm) and ignores min-p. DETSPEC runs the same upstream body with the renorm names deferred
@@ -17,7 +17,7 @@ import types
 import pytest
 import torch
 
-from sglang_detspec.integration import verify
+from sglang_detspec.integration.sampling import verify
 
 import sglang_verify_harness as harness
 from sglang_verify_harness import Params

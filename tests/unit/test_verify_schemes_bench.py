@@ -22,7 +22,7 @@ import torch
 
 from sglang_detspec.bench import verify_schemes_bench as bench
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.verify import VerifySite, truncate_target_probs
+from sglang_detspec.integration.sampling.verify import VerifySite, truncate_target_probs
 from sglang_detspec.stream.coupled_reference import (
     UMAX,
     coupled_race_reference,

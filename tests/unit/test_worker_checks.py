@@ -1,5 +1,5 @@
-"""Start-up checks that a DETSPEC server runs the DETSPEC sampling code (integration/scheduler_check.py; the
-worker-side checks of integration/worker_checks.py are exercised by the worker tests).
+"""Start-up checks that a DETSPEC server runs the DETSPEC sampling code (integration/setup/scheduler_check.py; the
+worker-side checks of integration/workers/worker_checks.py are exercised by the worker tests).
 
 ``check_scheduler_workers`` is the AFTER hook the plugin puts on ``Scheduler.maybe_init_draft_worker``: once the
 scheduler built its speculative worker for a DETSPEC algorithm, the worker, its draft worker and the target sampler
@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_detspec.integration import algorithm, retraction, scheduler_check, target_sampler
+from sglang_detspec.integration.sampling import target_sampler
+from sglang_detspec.integration.setup import algorithm, retraction, scheduler_check
 from sglang_detspec.plugin import load_plugin
 
 import sglang_verify_harness as harness
@@ -39,7 +40,7 @@ def detspec_eagle():
 
 
 def test_detspec_workers_pass(detspec_eagle):
-    from sglang_detspec.integration.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
+    from sglang_detspec.integration.workers.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
 
     draft = DetspecEagleDraftWorker.__new__(DetspecEagleDraftWorker)
     scheduler = SimpleNamespace(
@@ -60,7 +61,7 @@ def test_an_upstream_worker_under_a_detspec_name_is_refused(detspec_eagle):
 
 
 def test_an_upstream_target_sampler_is_refused(detspec_eagle):
-    from sglang_detspec.integration.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
+    from sglang_detspec.integration.workers.single_layer import DetspecEagleDraftWorker, DetspecEAGLEWorkerV2
 
     draft = DetspecEagleDraftWorker.__new__(DetspecEagleDraftWorker)
     worker = _spec_worker(DetspecEAGLEWorkerV2, draft, harness.bare_sampler())

@@ -4,7 +4,7 @@ server, never part of the product's code path.
 How it is installed: ``bench-serve`` writes a ``sitecustomize.py`` that calls :func:`install_from_env` into a
 temporary directory and puts it first on that server's ``PYTHONPATH``, with ``SGLANG_DETSPEC_STEP_TIMING`` naming
 the JSON file to write. Python runs ``sitecustomize`` in every process of the server; :func:`install_from_env`
-only registers an import hook, which patches ``sglang_detspec.integration.verify`` and ``.single_layer`` right
+only registers an import hook, which patches ``sglang_detspec.integration.sampling.verify`` and ``...workers.single_layer`` right
 after SGLang's scheduler imports them (before any worker is built, so the workers' snapshots of the sampling
 names take the timed versions).
 
@@ -124,8 +124,8 @@ def _patch_single_layer(module) -> None:
 
 
 _PATCHES = {
-    "sglang_detspec.integration.verify": _patch_verify,
-    "sglang_detspec.integration.single_layer": _patch_single_layer,
+    "sglang_detspec.integration.sampling.verify": _patch_verify,
+    "sglang_detspec.integration.workers.single_layer": _patch_single_layer,
 }
 
 

@@ -8,7 +8,7 @@ proposals at four sites (rows 4-7 below, numbered after the single-layer rows
 and ``fast_sample`` in ``MultiLayerEagleDraftExtendCudaGraphRunner._sample_draft_proposal``
 (``speculative/multi_layer_eagle_draft_extend_cuda_graph_runner.py``, the
 single-CG runner's in-graph sampler); this module routes all four
-through :func:`sglang_detspec.integration.proposal.seeded_draft_proposal` with
+through :func:`sglang_detspec.integration.sampling.proposal.seeded_draft_proposal` with
 sglang 0.5.23's keys, on every sglang from 0.5.17 to 0.5.23:
 
 ====  ==========================================  =====================  ===========
@@ -34,7 +34,7 @@ graph's ``seq_lens - N + num_accept_tokens`` buffers.  On top of upstream
 How the sites are reached (no upstream body copied, no upstream module mutated)
 -----------------------------------------------------------------------------
 The sampling calls sit inside long upstream methods that differ between 0.5.17
-and 0.5.23.  As in :mod:`sglang_detspec.integration.single_layer`, the DETSPEC
+and 0.5.23.  As in :mod:`sglang_detspec.integration.workers.single_layer`, the DETSPEC
 overrides run the *unchanged upstream code objects* with a private globals dict
 in which only a few names point at DETSPEC versions:
 
@@ -96,13 +96,13 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
 )
 
 from sglang_detspec.integration import compat as _compat
-from sglang_detspec.integration import proposal as _proposal
-from sglang_detspec.integration import scheme as _scheme
-from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.sampling import proposal as _proposal
+from sglang_detspec.integration.sampling import scheme as _scheme
+from sglang_detspec.integration.sampling.verify import rebound_verify
+from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
-from sglang_detspec.integration.verify import rebound_verify
-from sglang_detspec.integration.verify_attention import install_decode_order_verify
-from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
+from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
     "DetspecMultiLayerEagleDraftWorker",
@@ -475,5 +475,5 @@ class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
             install_decode_order_verify(self.target_worker.model_runner)
 
     def verify(self, *args, **kwargs):
-        # Upstream body; its target truncation is the row-local one (integration/verify.py).
+        # Upstream body; its target truncation is the row-local one (integration/sampling/verify.py).
         return rebound_verify(MultiLayerEagleWorkerV2)(self, *args, **kwargs)

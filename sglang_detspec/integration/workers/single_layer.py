@@ -1,7 +1,7 @@
 """DETSPEC single-layer EAGLE / NEXTN / EAGLE3 workers and draft CUDA-graph runner.
 
 Every draft proposal these workers make under rejection sampling goes through
-:func:`sglang_detspec.integration.proposal.seeded_draft_proposal` with the key
+:func:`sglang_detspec.integration.sampling.proposal.seeded_draft_proposal` with the key
 sglang 0.5.23's seeded path uses (``speculative/eagle_worker_v2.py``:
 ``EagleDraftWorker._draft_extend_for_prefill`` calls ``fast_sample(...,
 positions=batch.seq_lens)``, ``draft_forward`` calls ``sample_draft_proposal(...,
@@ -64,17 +64,17 @@ What is overridden (same on 0.5.17 and 0.5.23 unless stated)
   ``execute`` stages the live rows in (``refresh_detspec_keys``). Upstream
   unchanged on 0.5.23, whose runner already owns both.
 * ``EAGLEWorkerV2.verify``: upstream body with the row-local target truncation
-  of :mod:`sglang_detspec.integration.verify`. Its coins need no change: under
+  of :mod:`sglang_detspec.integration.sampling.verify`. Its coins need no change: under
   deterministic inference every batch carries ``sampling_seed``, and every
   release's ``_verify_coins`` then uses the (identical) ``_seeded_verify_coins``
   instead of ``torch.rand``; the rejection kernel itself draws nothing.
 * The target model runner's sampler (first token after prefill) is the
-  token-id-keyed one of :mod:`sglang_detspec.integration.target_sampler`.
+  token-id-keyed one of :mod:`sglang_detspec.integration.sampling.target_sampler`.
 * Not overridden: the draft-extend graph runner; it returns logits only, and
   the worker-side sampling above covers it.
 
 Every rebound body and name is checked when the worker is built
-(:mod:`sglang_detspec.integration.worker_checks`).
+(:mod:`sglang_detspec.integration.workers.worker_checks`).
 
 Deliberate difference from 0.5.23: the prefill draft-extend proposes the
 argmax for greedy rows (upstream draws them), so greedy requests in sampled
@@ -97,13 +97,13 @@ from sglang.srt.speculative.eagle_draft_cuda_graph_runner import (
 from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
 
 from sglang_detspec.integration import compat as _compat
-from sglang_detspec.integration import proposal as _proposal
-from sglang_detspec.integration import scheme as _scheme
-from sglang_detspec.integration.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.sampling import proposal as _proposal
+from sglang_detspec.integration.sampling import scheme as _scheme
+from sglang_detspec.integration.sampling.verify import rebound_verify
+from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
-from sglang_detspec.integration.verify import rebound_verify
-from sglang_detspec.integration.verify_attention import install_decode_order_verify
-from sglang_detspec.integration.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
+from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = [
     "DetspecEAGLEWorkerV2",
@@ -387,8 +387,8 @@ class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
     """``EAGLEWorkerV2`` that builds a :class:`DetspecEagleDraftWorker` and verifies row-locally.
 
     ``verify`` is upstream's body whose target truncation is the project's row-local one
-    (:mod:`sglang_detspec.integration.verify`); the target model runner samples with the token-id-keyed
-    sampler (:mod:`sglang_detspec.integration.target_sampler`). Overlap and graphs are upstream. Verify coins
+    (:mod:`sglang_detspec.integration.sampling.verify`); the target model runner samples with the token-id-keyed
+    sampler (:mod:`sglang_detspec.integration.sampling.target_sampler`). Overlap and graphs are upstream. Verify coins
     need no change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every
     release's ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
     """

@@ -11,10 +11,10 @@ Two families of algorithms share every worker, graph runner and rebinding of thi
   while the two agree (Daliri, Musco, Suresh, arXiv 2408.07978). Every emitted token is the one the
   non-speculative sampler would have drawn from those probabilities, whatever the draft proposed.
 
-The two differ in exactly two places: the draft proposal (:mod:`sglang_detspec.integration.proposal`) and the
-verify's accept rule (:mod:`sglang_detspec.integration.verify`). Both read :func:`current` at call time, which under
+The two differ in exactly two places: the draft proposal (:mod:`sglang_detspec.integration.sampling.proposal`) and the
+verify's accept rule (:mod:`sglang_detspec.integration.sampling.verify`). Both read :func:`current` at call time, which under
 CUDA-graph capture means once, at capture: the scheme is fixed when the worker is built (by the algorithm's worker
-factory, :func:`sglang_detspec.integration.algorithm.detspec_worker_factory`) and a scheduler process serves one
+factory, :func:`sglang_detspec.integration.setup.algorithm.detspec_worker_factory`) and a scheduler process serves one
 speculative algorithm for its whole life.
 """
 

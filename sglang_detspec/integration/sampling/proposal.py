@@ -34,7 +34,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from sglang_detspec.integration import compat, scheme
+from sglang_detspec.integration import compat
+from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.stream.draft_contract import check_draft_rows
 
 __all__ = ["coupled_draft_proposal", "seeded_draft_proposal", "greedy_mask_from_top_ks"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.hooks import hook_active, register_once
+from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 

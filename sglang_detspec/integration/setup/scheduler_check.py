@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_detspec.integration.hooks import hook_active, register_once
+from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +22,15 @@ SCHEDULER_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.maybe_init_draf
 
 
 def _detspec_worker_classes() -> tuple:
-    from sglang_detspec.integration.workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
+    from sglang_detspec.integration.workers.spec_workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
 
     return DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
 
 
 def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER hook: a DETSPEC scheduler must hold DETSPEC workers (raises otherwise; returns ``result``)."""
-    from sglang_detspec.integration.algorithm import DetspecSpecAlgo
-    from sglang_detspec.integration.target_sampler import detspec_sampler_class
+    from sglang_detspec.integration.sampling.target_sampler import detspec_sampler_class
+    from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
 
     algorithm = getattr(scheduler, "spec_algorithm", None)
     if not isinstance(algorithm, DetspecSpecAlgo):
@@ -51,7 +51,7 @@ def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: A
             f"--speculative-algorithm {algorithm.name}: the target model runner samples with "
             f"{type(sampler).__name__}, not the DETSPEC sampler; sglang-detspec needs updating for this SGLang version"
         )
-    from sglang_detspec.integration.retraction import enable_replay
+    from sglang_detspec.integration.setup.retraction import enable_replay
 
     enable_replay()  # this scheduler's retracted requests replay from their prompts (see .retraction)
     logger.info(

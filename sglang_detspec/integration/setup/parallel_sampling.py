@@ -33,7 +33,7 @@ from collections import OrderedDict
 from typing import Any
 
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.hooks import hook_active, register_once
+from sglang_detspec.integration.setup.hooks import hook_active, register_once
 from sglang_detspec.stream.choice_seeds import choice_seed
 
 __all__ = [
@@ -66,7 +66,7 @@ def _request_opt_out(sampling_params: Any) -> bool:
 
 
 def _is_detspec_server(tokenizer_manager: Any) -> bool:
-    from sglang_detspec.integration.server_args import requested_detspec_algorithm
+    from sglang_detspec.integration.setup.server_args import requested_detspec_algorithm
 
     server_args = getattr(tokenizer_manager, "server_args", None)
     return server_args is not None and requested_detspec_algorithm(server_args) is not None

@@ -95,7 +95,7 @@ sees a DETSPEC algorithm:
   out-of-tree platforms are refused.
 
 Everything else asks the algorithm object (``is_eagle()``, ``is_eagle3()``, ``need_topk()``, ...), which
-the registered class answers like the twin (:mod:`~sglang_detspec.integration.algorithm`).
+the registered class answers like the twin (:mod:`~sglang_detspec.integration.setup.algorithm`).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ import logging
 from typing import Any, Optional
 
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.algorithm import DETSPEC_TWINS
+from sglang_detspec.integration.setup.algorithm import DETSPEC_TWINS
 
 logger = logging.getLogger(__name__)
 
@@ -516,13 +516,13 @@ def install_resolution_hook() -> str:
     ``load_plugins`` applies registered hooks right after running the plugin functions; a caller outside
     ``load_plugins`` must apply them itself (``load_plugin`` does).
     """
-    from sglang_detspec.integration.hooks import register_once
+    from sglang_detspec.integration.setup.hooks import register_once
 
     return register_once(compat.resolution_entry_target(), around_resolution, "AROUND")
 
 
 def resolution_hook_active() -> bool:
     """Whether SGLang's resolution entry point currently runs :func:`around_resolution`."""
-    from sglang_detspec.integration.hooks import hook_active
+    from sglang_detspec.integration.setup.hooks import hook_active
 
     return hook_active(compat.resolution_entry_target(), around_resolution)

@@ -18,13 +18,13 @@ verified position, exactly what SGLang's non-speculative sampler races for that 
 
 and accepts the draft of row ``j`` while it equals the target's token. The first mismatch, or the bonus after a
 fully accepted chain, emits the target's token. So every committed token is the non-speculative server's token,
-whatever the draft proposed; the draft (:func:`~sglang_detspec.integration.proposal.coupled_draft_proposal`, same
+whatever the draft proposed; the draft (:func:`~sglang_detspec.integration.sampling.proposal.coupled_draft_proposal`, same
 key) only decides how many come out per step.
 
 Where it runs
 -------------
 In place of ``chain_speculative_sampling_triton`` inside the rebound ``eagle_sample``
-(:mod:`sglang_detspec.integration.verify`), with the same outputs: ``predicts[retrive_index[b, j]]`` holds the
+(:mod:`sglang_detspec.integration.sampling.verify`), with the same outputs: ``predicts[retrive_index[b, j]]`` holds the
 emitted token of row ``j`` for ``j <= accepted`` (0 elsewhere, as the chain kernel leaves it), ``accept_index[b, j]``
 is ``retrive_index[b, j]`` for ``j <= accepted`` (-1 elsewhere), ``accept_token_num[b]`` the accepted drafts. The
 coins and ``draft_probs`` upstream prepared are not read.
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.truncation import batch_truncates, truncate_request_rows
+from sglang_detspec.integration.sampling.truncation import batch_truncates, truncate_request_rows
 from sglang_detspec.stream.coupled_reference import accept_and_emit
 
 __all__ = ["coupled_chain_verify", "coupled_target_tokens", "target_race_positions"]

@@ -36,7 +36,7 @@ import logging
 import os
 from typing import Any, Mapping, Optional
 
-from sglang_detspec.integration.hooks import hook_active, register_once
+from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def token_id_sampler_requested(environ: Optional[Mapping[str, str]] = None) -> b
         return False
     if value == _ON:
         return True
-    from sglang_detspec.integration.server_args import DetspecConfigError
+    from sglang_detspec.integration.setup.server_args import DetspecConfigError
 
     raise DetspecConfigError(
         f"{TOKEN_ID_SAMPLER_ENV}={value!r} is not an allowed value: use {TOKEN_ID_SAMPLER_ENV}=1 to sample with the "
@@ -80,8 +80,8 @@ def token_id_sampler_requested(environ: Optional[Mapping[str, str]] = None) -> b
 def check_opt_in(spec_algorithm: Any, deterministic: bool) -> bool:
     """With the variable set to 1: True when this scheduler must install the sampler itself, False when a DETSPEC
     algorithm's worker already does; raises ``DetspecConfigError`` for a server it cannot serve."""
-    from sglang_detspec.integration.algorithm import DetspecSpecAlgo
-    from sglang_detspec.integration.server_args import DetspecConfigError
+    from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
+    from sglang_detspec.integration.setup.server_args import DetspecConfigError
 
     if isinstance(spec_algorithm, DetspecSpecAlgo):
         return False
@@ -112,7 +112,7 @@ def _deterministic_inference() -> bool:
 def _install_on_target_worker(tp_worker: Any) -> None:
     from sglang.srt.layers.sampler import Sampler
 
-    from sglang_detspec.integration.target_sampler import detspec_sampler_class, install_detspec_sampler
+    from sglang_detspec.integration.sampling.target_sampler import detspec_sampler_class, install_detspec_sampler
 
     model_runner = getattr(tp_worker, "model_runner", None)
     sampler = getattr(model_runner, "sampler", None)

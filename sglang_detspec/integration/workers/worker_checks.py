@@ -19,7 +19,7 @@ __all__ = ["complete_spec_worker", "refuse_global_rng_verify_paths"]
 
 def complete_spec_worker(worker: Any, *, draft_worker_cls: type, upstream_owner: type, build_rebound: Iterable[Callable[[], Any]]) -> None:
     """Finish a DETSPEC spec worker: install the target sampler, check classes, build rebound bodies eagerly."""
-    from sglang_detspec.integration import target_sampler, verify
+    from sglang_detspec.integration.sampling import target_sampler, verify
 
     draft = worker.draft_worker
     if not isinstance(draft, draft_worker_cls):

@@ -36,6 +36,6 @@ def _after_verify(result, sampling_params, *args, **kwargs):
 
 def install_request_validation() -> str:
     """Register the seed check on ``SamplingParams.verify`` with ``HookRegistry`` (once per process)."""
-    from sglang_detspec.integration.hooks import register_once
+    from sglang_detspec.integration.setup.hooks import register_once
 
     return register_once(SAMPLING_PARAMS_VERIFY, _after_verify, "AFTER")

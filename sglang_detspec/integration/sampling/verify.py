@@ -18,14 +18,14 @@ unchanged (:func:`~sglang_detspec.integration.upstream_code.rebind`), with these
 
 * every top-k / top-p renorm name -> :func:`_deferred_renorm`, which returns the probabilities unchanged;
 * ``chain_speculative_sampling_triton`` (the rejection-sampling kernel) -> a wrapper that first applies the
-  project's row-local truncation (:func:`sglang_detspec.integration.truncation.truncate_probs`: top-k, top-p and
+  project's row-local truncation (:func:`sglang_detspec.integration.sampling.truncation.truncate_probs`: top-k, top-p and
   min-p of each row's *own* request, ties by lower index, exact fixed-point masses, renormalised; rows without
   truncation returned bit for bit) to the target probabilities, then calls the upstream kernel on the result;
 * ``sampling_softmax`` (0.5.22+) -> ``torch.softmax(logits / T)``, which is what it computes on every device
   but SM 10.3, and what 0.5.17 - 0.5.21 call directly.
 
 Under the coupled scheme (``DETSPEC_*_INVARIANT``, :mod:`.scheme`) the chain-kernel stand-in runs
-:func:`~sglang_detspec.integration.coupled_verify.coupled_chain_verify` instead of truncating and calling the
+:func:`~sglang_detspec.integration.sampling.coupled_verify.coupled_chain_verify` instead of truncating and calling the
 kernel: the target's own seeded race (truncated, not renormalised) decides every emitted token.
 
 So a row's target distribution depends only on its own logits and sampling parameters, min-p is honoured, and no
@@ -47,9 +47,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_detspec.integration import scheme
-from sglang_detspec.integration.coupled_verify import coupled_chain_verify
-from sglang_detspec.integration.truncation import batch_truncates, truncate_request_rows
+from sglang_detspec.integration.sampling import scheme
+from sglang_detspec.integration.sampling.coupled_verify import coupled_chain_verify
+from sglang_detspec.integration.sampling.truncation import batch_truncates, truncate_request_rows
 from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
 
 __all__ = [

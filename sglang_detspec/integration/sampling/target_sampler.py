@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch
 
-from sglang_detspec.integration.truncation import truncate_probs
+from sglang_detspec.integration.sampling.truncation import truncate_probs
 from sglang_detspec.integration.upstream_code import rebind
 
 __all__ = ["SORTED_SAMPLER_NAME", "detspec_sampler_class", "install_detspec_sampler", "sample_by_token_id"]

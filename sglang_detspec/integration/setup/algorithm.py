@@ -29,7 +29,7 @@ path that consults the algorithm disable it too) and ``get_platform_worker_cls()
 workers must run; out-of-tree platforms are refused at startup).
 
 Server arguments are not handled here: the whole resolution runs under the twin's name (see
-:mod:`sglang_detspec.integration.server_args`), so upstream's EAGLE handler does the work and this class's
+:mod:`sglang_detspec.integration.setup.server_args`), so upstream's EAGLE handler does the work and this class's
 ``validate_server_args`` / ``handle_server_args`` are never reached. If they are, the resolution hook is not
 active, and they raise instead of letting the server start half-configured.
 """
@@ -43,7 +43,8 @@ from typing import Any, Callable, Dict, Optional, Type
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_detspec.integration import compat, scheme
+from sglang_detspec.integration import compat
+from sglang_detspec.integration.sampling import scheme
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def detspec_worker_factory(server_args: Any) -> Type:
             "sglang-detspec needs updating for this SGLang version"
         )
     scheme.select(scheme.scheme_for_algorithm(name))
-    from sglang_detspec.integration.workers import (
+    from sglang_detspec.integration.workers.spec_workers import (
         DetspecEAGLEWorkerV2,
         DetspecMultiLayerEagleWorkerV2,
     )
