@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Dict
 
+from sglang_detspec.algorithm_names import DETSPEC_ALGORITHMS
 from sglang_detspec.integration import compat
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def load_plugin() -> Dict[str, object]:
             if not retraction.retraction_replay_active():
                 raise RuntimeError(
                     "the retraction replay hooks on "
-                    f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
+                    f"{' and '.join(retraction.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
             if not token_id_sampler_opt_in.token_id_sampler_opt_in_active():
@@ -128,7 +129,7 @@ def plugin_status() -> Dict[str, object]:
 
     return {
         "sglang_version": compat.installed_sglang_version(),
-        "algorithms": [name for name in algorithm.DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
+        "algorithms": [name for name in DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
         "resolution_target": compat.resolution_entry_target(),
         "resolution_hook_active": server_args.resolution_hook_active(),
         "scheduler_check_active": scheduler_check.scheduler_check_active(),

@@ -209,7 +209,7 @@ def resolve_launch(cmd: Sequence[str], env_changes: dict[str, str | None]) -> li
     except SystemExit as e:  # SGLang's argparse printed the reason (an unknown or malformed flag) above
         raise CliError(f"sglang.launch_server's parser rejects the command (exit {e.code}; its message is above)") from None
     except Exception as e:
-        from sglang_detspec.integration.setup.server_args import DetspecConfigError
+        from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
         who = "sglang-detspec refuses the launch" if isinstance(e, DetspecConfigError) else (
             f"SGLang cannot resolve the launch ({type(e).__name__})")

@@ -22,7 +22,6 @@ from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from sglang.srt.managers.scheduler_components import output_streamer
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-from sglang_detspec.integration import compat
 from sglang_detspec.integration.setup import retraction
 
 PROMPT = array("q", [11, 12, 13, 14, 15, 16, 17])
@@ -272,13 +271,13 @@ _NOT_PER_OUTPUT = {
 @pytest.mark.parametrize("return_logprob", [False, True])
 def test_the_field_table_matches_a_fresh_request(return_logprob):
     fresh = _req(return_logprob=return_logprob)
-    for holder_name, fields in compat.PER_OUTPUT_REQ_FIELDS.items():
+    for holder_name, fields in retraction.PER_OUTPUT_REQ_FIELDS.items():
         holder = fresh if holder_name == "req" else getattr(fresh, holder_name)
         for name, value in fields.items():
             if not hasattr(holder, name):
                 continue  # a field of another release
             actual = getattr(holder, name)
-            if value is compat.KEEP_UNLESS_LIST:
+            if value is retraction.KEEP_UNLESS_LIST:
                 assert actual is None or actual == [], (holder_name, name, actual)
             else:
                 assert actual == value, (holder_name, name, actual, value)
@@ -286,10 +285,10 @@ def test_the_field_table_matches_a_fresh_request(return_logprob):
 
 def test_every_output_field_of_this_release_is_in_the_table():
     fresh = _req()
-    declared = set(compat.PER_OUTPUT_REQ_FIELDS["req"]) | set(_NOT_PER_OUTPUT)
+    declared = set(retraction.PER_OUTPUT_REQ_FIELDS["req"]) | set(_NOT_PER_OUTPUT)
     missing = sorted(n for n in vars(fresh) if _OUTPUT_FIELD.match(n) and n not in declared)
     assert not missing, f"fields a Req fills per output token that a rewind would not reset: {missing}"
-    logprob_declared = set(compat.PER_OUTPUT_REQ_FIELDS["logprob"])
+    logprob_declared = set(retraction.PER_OUTPUT_REQ_FIELDS["logprob"])
     logprob_names = [f.name for f in dataclasses.fields(fresh.logprob)]  # a slotted dataclass
     logprob_missing = sorted(n for n in logprob_names if n.startswith("output_") and n not in logprob_declared)
     assert not logprob_missing, logprob_missing
@@ -298,5 +297,5 @@ def test_every_output_field_of_this_release_is_in_the_table():
 def test_the_hook_targets_resolve_on_this_release():
     import pkgutil
 
-    for target in compat.retraction_replay_targets():
+    for target in retraction.retraction_replay_targets():
         assert callable(pkgutil.resolve_name(target)), target

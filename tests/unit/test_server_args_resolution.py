@@ -20,7 +20,7 @@ from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang_detspec.integration import compat  # noqa: E402
 from sglang_detspec.integration.setup import server_args as detspec_args  # noqa: E402
 from sglang_detspec.integration.setup.algorithm import ResolutionHookInactive  # noqa: E402
-from sglang_detspec.integration.setup.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.integration.setup.refusals import DetspecConfigError  # noqa: E402
 
 NAMES = ["DETSPEC_EAGLE", "DETSPEC_EAGLE3"]
 TWIN = {"DETSPEC_EAGLE": "EAGLE", "DETSPEC_EAGLE3": "EAGLE3"}
@@ -241,13 +241,13 @@ def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
 
 
 def test_refuses_rocm(models, monkeypatch):
-    monkeypatch.setattr(compat, "torch_is_rocm", lambda: True)
+    monkeypatch.setattr(detspec_args, "torch_is_rocm", lambda: True)
     with pytest.raises(DetspecConfigError, match="ROCm"):
         resolve(**base_args(models, "DETSPEC_EAGLE"))
 
 
 def test_refuses_out_of_tree_platform(models, monkeypatch):
-    monkeypatch.setattr(compat, "platform_is_out_of_tree", lambda: True)
+    monkeypatch.setattr(detspec_args, "platform_is_out_of_tree", lambda: True)
     with pytest.raises(DetspecConfigError, match="out-of-tree"):
         resolve(**base_args(models, "DETSPEC_EAGLE"))
 

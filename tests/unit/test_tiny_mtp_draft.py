@@ -26,7 +26,7 @@ load_plugin()
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 from sglang_detspec.integration import compat  # noqa: E402
-from sglang_detspec.integration.setup.server_args import DetspecConfigError  # noqa: E402
+from sglang_detspec.integration.setup.refusals import DetspecConfigError  # noqa: E402
 from sglang_detspec.models import model_cache, mtp_draft, tiny_config  # noqa: E402
 from sglang_detspec.models import tiny_models as tm  # noqa: E402
 

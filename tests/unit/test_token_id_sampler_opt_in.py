@@ -17,7 +17,7 @@ import pytest
 
 from sglang_detspec.integration.sampling import target_sampler
 from sglang_detspec.integration.setup import token_id_sampler_opt_in
-from sglang_detspec.integration.setup.server_args import DetspecConfigError
+from sglang_detspec.integration.setup.refusals import DetspecConfigError
 from sglang_detspec.plugin import load_plugin
 
 import sglang_verify_harness as harness

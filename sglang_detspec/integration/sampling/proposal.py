@@ -38,7 +38,18 @@ from sglang_detspec.integration import compat
 from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.stream.draft_contract import check_draft_rows
 
-__all__ = ["coupled_draft_proposal", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
+__all__ = ["coupled_draft_proposal", "draft_proposal_probs", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
+
+
+def draft_proposal_probs(next_token_logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """Draft q = ``torch.softmax(logits / T)``, the same on every release and every batch size.
+
+    That is what 0.5.17 - 0.5.21's ``sample_draft_proposal`` computes, and what 0.5.22+'s
+    ``spec_utils.sampling_softmax`` computes everywhere except on SM 10.3 GPUs, where it switches to FlashInfer's
+    softmax for batches of 1 - 64 rows (``cake_kernels.sampling.supports_softmax``): a batch-size dependence the
+    seeded stream must not inherit. Verify receives this very q (the caller hands it on as ``draft_probs``).
+    """
+    return torch.softmax(next_token_logits / temperatures, dim=-1)
 
 
 def greedy_mask_from_top_ks(

@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, Optional, Type
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from sglang_detspec.algorithm_names import DETSPEC_TWINS
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.sampling import scheme
 
@@ -50,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ALGORITHM_CLASSES",
-    "DETSPEC_ALGORITHMS",
-    "DETSPEC_TWINS",
     "DetspecEagle3Algo",
     "DetspecEagle3InvariantAlgo",
     "DetspecEagleAlgo",
@@ -62,20 +61,17 @@ __all__ = [
     "lookup",
     "register_algorithms",
     "verify_registration",
+    "builtin_algorithm",
 ]
-
-#: Registered name -> the builtin algorithm whose behaviour (and server-argument handling) it reuses.
-DETSPEC_TWINS: Dict[str, str] = {
-    "DETSPEC_EAGLE": "EAGLE",
-    "DETSPEC_EAGLE3": "EAGLE3",
-    "DETSPEC_EAGLE_INVARIANT": "EAGLE",
-    "DETSPEC_EAGLE3_INVARIANT": "EAGLE3",
-}
-DETSPEC_ALGORITHMS = tuple(DETSPEC_TWINS)
 
 
 class ResolutionHookInactive(RuntimeError):
     """SGLang resolved a DETSPEC name without the plugin's resolution hook in place."""
+
+
+def builtin_algorithm(name: str) -> Any:
+    """The builtin ``SpeculativeAlgorithm`` member called ``name`` (``"EAGLE"`` / ``"EAGLE3"``; the same on every release)."""
+    return SpeculativeAlgorithm[name]
 
 
 def _enum_impl(name: str) -> Callable[..., Any]:
@@ -146,7 +142,7 @@ class DetspecSpecAlgo(CustomSpecAlgo):
     @property
     def twin(self) -> Any:
         """The builtin ``SpeculativeAlgorithm`` member this algorithm behaves like."""
-        return compat.builtin_algorithm(self.TWIN)
+        return builtin_algorithm(self.TWIN)
 
     # --- predicates the scheduler, pools and graph runners dispatch on -------------------------------
     def is_eagle(self) -> bool:

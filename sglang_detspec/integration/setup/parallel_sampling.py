@@ -8,7 +8,7 @@ tokenized. The tokenizer manager then sends, per prompt, one prefix-caching warm
 tokenized request whose ``sampling_params`` is a *copy* with ``max_new_tokens = 0``) and then the ``n`` choices,
 each a ``copy.copy`` of the same tokenized request, so all ``n`` share that prompt's one ``SamplingParams`` object,
 seed included. Every copy goes through ``TokenizerManager._send_one_request`` (sync in 0.5.17, a coroutine in
-0.5.23; :func:`~sglang_detspec.integration.compat.parallel_sampling_send_target`).
+0.5.23; :data:`SEND_TARGET`).
 
 The hook: a ``HookRegistry`` BEFORE hook on ``_send_one_request``. For a DETSPEC server and a seeded request with
 ``n > 1`` it counts the sends that carry the same ``SamplingParams`` object: the ``k``-th (0-based) is choice ``k``
@@ -32,17 +32,27 @@ import os
 from collections import OrderedDict
 from typing import Any
 
-from sglang_detspec.integration import compat
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
 from sglang_detspec.stream.choice_seeds import choice_seed
 
 __all__ = [
+    "SEND_TARGET",
     "SAME_SEED_ENV",
     "SAME_SEED_PARAM",
     "assign_choice_seed",
     "install_parallel_sampling_seeds",
     "parallel_sampling_hook_active",
 ]
+
+#: The method every choice of an ``n > 1`` request passes through: the same on 0.5.17 - 0.5.23. Both releases expand
+#: ``n`` in ``TokenizerManager._handle_batch_request`` (0.5.17 tokenizer_manager.py:1812-1875, 0.5.23 :2115-2183) the
+#: same way: a prefix warm-up per prompt whose ``sampling_params`` is a copy with ``max_new_tokens = 0``, then ``n``
+#: ``copy.copy``s of the prompt's tokenized request, sharing its one ``SamplingParams``. ``_send_one_request`` is a
+#: plain method in 0.5.17 (:1540) and a coroutine in 0.5.23 (:1769); a BEFORE hook runs synchronously before the call
+#: in both cases (``HookRegistry``'s wrapper calls the hook, then returns what the original returns: ``None`` or the
+#: coroutine), so one hook serves both. The warm-up's rid is ``f"{logical_rid}_{uuid}"`` in 0.5.17 and a bare uuid in
+#: 0.5.23, so nothing but the shared ``SamplingParams`` object identifies a prompt's choices on every release.
+SEND_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._send_one_request"
 
 #: Server-wide opt-out: ``SGLANG_DETSPEC_SAME_SEED_FOR_N=1`` keeps upstream's one seed for all n choices.
 SAME_SEED_ENV = "SGLANG_DETSPEC_SAME_SEED_FOR_N"
@@ -110,9 +120,9 @@ def assign_choice_seed(tokenizer_manager: Any, tokenized_obj: Any, *args: Any, *
 
 def install_parallel_sampling_seeds() -> str:
     """Register :func:`assign_choice_seed` with ``HookRegistry`` (once per process); return the target."""
-    return register_once(compat.parallel_sampling_send_target(), assign_choice_seed, "BEFORE")
+    return register_once(SEND_TARGET, assign_choice_seed, "BEFORE")
 
 
 def parallel_sampling_hook_active() -> bool:
     """Whether ``TokenizerManager._send_one_request`` currently runs :func:`assign_choice_seed`."""
-    return hook_active(compat.parallel_sampling_send_target(), assign_choice_seed)
+    return hook_active(SEND_TARGET, assign_choice_seed)

@@ -15,7 +15,7 @@ same for ``input_embeds`` requests (``Req.reset_for_retract``), without the book
 
 * :func:`replay_from_prompt` (``HookRegistry`` AROUND hook on ``Req.reset_for_retract``) remembers the tokens
   already emitted and clears every per-output field of the request (the table is
-  :data:`~sglang_detspec.integration.compat.PER_OUTPUT_REQ_FIELDS`): output ids, output logprobs, the speculative
+  :data:`PER_OUTPUT_REQ_FIELDS`): output ids, output logprobs, the speculative
   statistics (so ``meta_info``'s accept length is the uninterrupted request's), the reasoning-token counters and the
   incremental-detokenization window.
 * :func:`hold_stream_during_replay` (AROUND hook on the scheduler's per-request output accumulator,
@@ -38,14 +38,15 @@ import copy
 import logging
 from array import array
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
-from sglang_detspec.integration import compat
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "KEEP_UNLESS_LIST",
+    "PER_OUTPUT_REQ_FIELDS",
     "REPLAY_ATTR",
     "ReplayState",
     "enable_replay",
@@ -54,7 +55,90 @@ __all__ = [
     "replay_enabled",
     "replay_from_prompt",
     "retraction_replay_active",
+    "retraction_replay_targets",
 ]
+
+# What a rewound request resets, and where its output leaves the scheduler (the same on 0.5.17 - 0.5.23).
+# ``Req.reset_for_retract`` (0.5.17 schedule_batch.py:1603, 0.5.23 :2049) keeps ``output_ids``; the scheduler's
+# per-request output step is ``_GenerationStreamAccumulator.accept(self, *, req)`` in
+# ``managers/scheduler_components/output_streamer.py`` on every supported release (0.5.17 :362, 0.5.21 :417,
+# 0.5.23 :444): it advances ``send_token_offset`` / ``send_decode_id_offset`` / ``send_output_token_logprobs_offset``
+# to the current lengths, so it must not run while a rewound request is shorter than what it sent.
+
+RETRACTION_RESET_TARGET = "sglang.srt.managers.schedule_batch.Req.reset_for_retract"
+RETRACTION_ACCEPT_TARGET = (
+    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"
+)
+
+#: A field whose fresh value depends on the request (``[]`` when it asked for logprobs / a sampling mask, else
+#: ``None``): a list is emptied, anything else kept.
+KEEP_UNLESS_LIST = object()
+
+#: Per holder (``"req"`` the ``Req``, ``"logprob"`` its ``ReqLogprob``), every field a request fills as it emits
+#: tokens, with the value ``Req.__init__`` gives it (0.5.17 - 0.5.23; a field absent on the installed release is
+#: skipped). ``tests/unit/test_retraction_replay.py`` checks the values against a fresh ``Req`` of the installed
+#: release and that no other output-named field exists there.
+PER_OUTPUT_REQ_FIELDS = {
+    "req": {
+        # speculative statistics (meta_info spec_verify_ct, accept length, histograms)
+        "spec_verify_ct": 0,
+        "spec_num_correct_drafts": 0,
+        "spec_num_block_accept_tokens": 0,
+        "spec_num_cap_tokens": 0,
+        "spec_correct_drafts_histogram": [],
+        "spec_cap_lens_histogram": [],
+        # reasoning-token counting (update_reasoning_tokens runs per output token)
+        "reasoning_tokens": 0,
+        "_is_reasoning_over": False,
+        "_think_end_matcher": None,
+        "_think_end_match_len": 0,
+        "_think_start_match_len": 0,
+        # the incremental-detokenization window (init_incremental_detokenize rebuilds it when these are None)
+        "surr_offset": None,
+        "read_offset": None,
+        "finished_len": None,
+        # per-token payloads
+        "hidden_states": [],
+        "hidden_states_tensor": None,
+        "output_token_sampling_mask": KEEP_UNLESS_LIST,
+        "output_token_sampling_logprobs": KEEP_UNLESS_LIST,
+        "output_topk_p": None,
+        "output_topk_index": None,
+        "output_dsa_topk_indices": None,
+        "customized_info": None,
+    },
+    "logprob": {
+        "output_token_logprobs_val": KEEP_UNLESS_LIST,
+        "output_token_logprobs_idx": KEEP_UNLESS_LIST,
+        "output_top_logprobs_val": KEEP_UNLESS_LIST,
+        "output_top_logprobs_idx": KEEP_UNLESS_LIST,
+        "output_token_ids_logprobs_val": KEEP_UNLESS_LIST,
+        "output_token_ids_logprobs_idx": KEEP_UNLESS_LIST,
+    },
+}
+
+
+def retraction_replay_targets() -> Tuple[str, str]:
+    """Dotted paths of ``Req.reset_for_retract`` and the scheduler's per-request output step (same names
+    0.5.17 - 0.5.23)."""
+    return RETRACTION_RESET_TARGET, RETRACTION_ACCEPT_TARGET
+
+
+def finish_abort(message: str) -> Any:
+    """SGLang's abort finish reason with ``message`` (an internal error: HTTP 500)."""
+    from http import HTTPStatus
+
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return FINISH_ABORT(message, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def is_abort(finish_reason: Any) -> bool:
+    """Whether ``finish_reason`` is SGLang's abort (a client disconnect, a timeout, an error), not a length/stop."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    return isinstance(finish_reason, FINISH_ABORT)
+
 
 #: The attribute a request being replayed carries (a :class:`ReplayState`); absent otherwise.
 REPLAY_ATTR = "_detspec_replay"
@@ -89,14 +173,14 @@ def replay_enabled() -> bool:
 def _rewind(req: Any) -> None:
     """Reset the per-output fields of ``req`` to a fresh request's values (output ids keep their container type)."""
     req.output_ids = req.output_ids[:0]  # a new, empty array("q") (0.5.17 - 0.5.23) or list
-    for holder_name, fields in compat.PER_OUTPUT_REQ_FIELDS.items():
+    for holder_name, fields in PER_OUTPUT_REQ_FIELDS.items():
         holder = req if holder_name == "req" else getattr(req, holder_name, None)
         if holder is None:
             continue
         for name, fresh in fields.items():
             if not hasattr(holder, name):  # a field of another release
                 continue
-            if fresh is compat.KEEP_UNLESS_LIST:
+            if fresh is KEEP_UNLESS_LIST:
                 if isinstance(getattr(holder, name), list):
                     setattr(holder, name, [])
             else:
@@ -150,7 +234,7 @@ def _check_regenerated(req: Any, state: ReplayState) -> None:
                 "line (a determinism bug)."
             )
             logger.error(message)
-            req.to_finish = compat.finish_abort(message)
+            req.to_finish = finish_abort(message)
             return
     state.checked = upto
 
@@ -169,7 +253,7 @@ def hold_stream_during_replay(original: Callable, accumulator: Any, *args: Any, 
         # Nothing past what was already sent leaves: after a mismatch the regenerated tokens are not the ones the
         # client holds, and a replay that stopped short has nothing new.
         req.finished_len = min(len(req.output_ids), req.send_token_offset)
-        if not state.failed and not compat.is_abort(req.finished_reason):
+        if not state.failed and not is_abort(req.finished_reason):
             # (An abort -- the client went away, a timeout -- stops a replay as it stops any request.)
             # It stopped before reaching what it had sent: the client holds tokens this request did not produce.
             message = (
@@ -178,7 +262,7 @@ def hold_stream_during_replay(original: Callable, accumulator: Any, *args: Any, 
                 "(a determinism bug: please report it with the server command line)."
             )
             logger.error(message)
-            req.finished_reason = compat.finish_abort(message)
+            req.finished_reason = finish_abort(message)
         delattr(req, REPLAY_ATTR)
         return original(accumulator, *args, req=req, **kwargs)
     return None
@@ -186,7 +270,7 @@ def hold_stream_during_replay(original: Callable, accumulator: Any, *args: Any, 
 
 def install_retraction_replay() -> tuple:
     """Register both hooks with ``HookRegistry`` (once per process); return their targets."""
-    reset_target, accept_target = compat.retraction_replay_targets()
+    reset_target, accept_target = retraction_replay_targets()
     return (
         register_once(reset_target, replay_from_prompt, "AROUND"),
         register_once(accept_target, hold_stream_during_replay, "AROUND"),
@@ -195,5 +279,5 @@ def install_retraction_replay() -> tuple:
 
 def retraction_replay_active() -> bool:
     """Whether both hooks are in place on the installed SGLang."""
-    reset_target, accept_target = compat.retraction_replay_targets()
+    reset_target, accept_target = retraction_replay_targets()
     return hook_active(reset_target, replay_from_prompt) and hook_active(accept_target, hold_stream_during_replay)

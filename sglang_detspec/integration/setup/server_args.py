@@ -31,9 +31,10 @@ scheduler. The plugin wraps that one resolution (``HookRegistry`` AROUND hook on
 Refused flags
 =============
 
-Each refusal raises :class:`DetspecConfigError` (a ``ValueError``) at startup, before any model loads, naming the
-flag and the fix. The table of refusals with their reasons is README.md's "Flags it refuses at startup" (one
-table; ``tests/unit/test_refusal_table.py`` checks that it and the ``_refuse`` calls below name the same flags).
+Each refusal raises :class:`~.refusals.DetspecConfigError` (a ``ValueError``) at startup, before any model loads,
+naming the flag and the fix. The refusals, with their reasons and fixes, are one table: :data:`.refusals.REFUSALS`;
+README.md's "Flags it refuses at startup" explains them (``tests/unit/test_refusal_table.py`` checks that the two
+name the same flags).
 
 Not refused, documented instead (checked against the 0.5.17 and 0.5.23 sources):
 
@@ -103,14 +104,14 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from sglang_detspec.algorithm_names import DETSPEC_TWINS
 from sglang_detspec.integration import compat
-from sglang_detspec.integration.setup.algorithm import DETSPEC_TWINS
+from sglang_detspec.integration.setup.refusals import refuse
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_NUM_STEPS",
-    "DetspecConfigError",
     "around_resolution",
     "check_draft_vocab",
     "install_resolution_hook",
@@ -121,14 +122,6 @@ __all__ = [
 #: Draft steps when neither --speculative-num-steps nor --speculative-num-draft-tokens is given: upstream's
 #: own choice for every topk-1 configuration (``_auto_choose_speculative_params`` returns (3, 1, 4)).
 DEFAULT_NUM_STEPS = 3
-
-
-class DetspecConfigError(ValueError):
-    """A server argument that DETSPEC speculative decoding refuses (the message names the flag and the fix)."""
-
-
-def _refuse(name: str, flag: str, why: str, fix: str) -> DetspecConfigError:
-    return DetspecConfigError(f"--speculative-algorithm {name} cannot be used with {flag}: {why}. {fix}")
 
 
 def requested_detspec_algorithm(server_args: Any) -> Optional[str]:
@@ -147,120 +140,41 @@ def _flag(server_args: Any, field: str, default: Any = None) -> Any:
 def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
     """Refusals that depend only on what the user passed (run before SGLang resolves anything)."""
     if not _flag(server_args, "enable_deterministic_inference", False) and _flag(server_args, "rl_on_policy_target") is None:
-        raise DetspecConfigError(
-            f"--speculative-algorithm {name} requires --enable-deterministic-inference: requests only carry "
-            "a sampling seed in deterministic mode, and only then are the kernels batch-invariant. Add "
-            "--enable-deterministic-inference (or use --speculative-algorithm "
-            f"{DETSPEC_TWINS[name]} for non-reproducible speculative sampling)."
-        )
+        raise refuse("deterministic_inference", name)
     device = _flag(server_args, "device")
     if device is not None and not str(device).startswith("cuda"):
-        raise _refuse(
-            name,
-            f"--device {device}",
-            "the seeded draft sampler is a Triton kernel validated on NVIDIA CUDA GPUs only",
-            "Run on an NVIDIA GPU with --device cuda (or leave --device unset).",
-        )
+        raise refuse("device", name, device=device)
     _refuse_non_nvidia(server_args, name)
     topk = _flag(server_args, "speculative_eagle_topk")
     if topk is not None and int(topk) != 1:
-        raise _refuse(
-            name,
-            f"--speculative-eagle-topk {topk}",
-            "rejection sampling is implemented for the linear (topk 1) draft chain only",
-            "Drop the flag; DETSPEC algorithms default to --speculative-eagle-topk 1.",
-        )
+        raise refuse("topk", name, topk=topk)
     if _flag(server_args, "speculative_adaptive", False):
-        raise _refuse(
-            name,
-            "--speculative-adaptive",
-            "adaptive speculation picks the draft length from the batch size, so a request's tokens would "
-            "depend on what else is running",
-            "Drop --speculative-adaptive and choose a fixed --speculative-num-steps.",
-        )
+        raise refuse("adaptive", name)
     if _flag(server_args, "enable_mixed_chunk", False):
-        raise _refuse(
-            name,
-            "--enable-mixed-chunk",
-            "mixed chunked prefill decodes running speculative requests with the plain target sampler "
-            "whenever a prefill is co-scheduled, so a request's tokens would depend on other requests",
-            "Drop --enable-mixed-chunk.",
-        )
+        raise refuse("mixed_chunk", name)
     for field in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
         value = _flag(server_args, field, 1.0)
         if value is not None and float(value) != 1.0:
-            raise _refuse(
-                name,
-                f"--{field.replace('_', '-')} {value}",
-                "rejection sampling ignores accept thresholds",
-                "Leave --speculative-accept-threshold-single and --speculative-accept-threshold-acc at 1.0.",
-            )
+            raise refuse("accept_threshold", name, field=field.replace("_", "-"), value=value)
     token_map = _flag(server_args, "speculative_token_map")
     if token_map is not None:
-        raise _refuse(
-            name,
-            f"--speculative-token-map {token_map}",
-            "a reduced (hot-token) draft vocabulary differs from the target's, and rejection sampling needs "
-            "one shared vocabulary",
-            f"Drop the token map (use the full vocabulary), or use --speculative-algorithm {DETSPEC_TWINS[name]} "
-            "(not reproducible).",
-        )
+        raise refuse("token_map", name, token_map=token_map)
     if _flag(server_args, "speculative_use_block_verification", False):
-        raise _refuse(
-            name,
-            "--speculative-use-block-verification",
-            "block verification has not been validated with the seeded draft stream",
-            "Drop --speculative-use-block-verification (plain rejection sampling is always on).",
-        )
+        raise refuse("block_verification", name)
     if _flag(server_args, "enable_watermark", False):
-        raise _refuse(
-            name,
-            "--enable-watermark",
-            "SGLang does not support watermarking together with rejection sampling",
-            "Drop --enable-watermark.",
-        )
+        raise refuse("watermark", name)
     if _flag(server_args, "enable_return_aux_hidden_states", False):
-        raise _refuse(
-            name,
-            "--enable-return-aux-hidden-states",
-            "that flag captures hidden states without a draft and turns speculative decoding off",
-            "Use --speculative-algorithm EAGLE3 to name the capture convention.",
-        )
+        raise refuse("aux_hidden_states", name)
     mode = _flag(server_args, "disaggregation_mode", "null")
     if mode not in (None, "null"):
         if compat.pd_decode_first_proposal_is_one_hot():
-            why = ("the decode server proposes the draft token handed over by the prefill server with "
-                   "probability one (pd_first_draft_proposal): its first verify accepts it with probability "
-                   "p(x) instead of min(1, p(x) / q(x)), so a seed gives other tokens than co-located serving")
-        else:
-            why = ("the draft state the prefill server hands over carries no draft probabilities "
-                   "(build_eagle_disagg_draft_input sets no draft_probs), so the decode server's first "
-                   "rejection-sampling step has no proposal distribution")
-        raise _refuse(
-            name,
-            f"--disaggregation-mode {mode}",
-            why,
-            "Serve prefill and decode in one server (drop --disaggregation-mode), or use "
-            f"--speculative-algorithm {DETSPEC_TWINS[name]} for disaggregated serving (not reproducible).",
-        )
+            raise refuse("disaggregation_one_hot_first_draft", name, mode=mode)
+        raise refuse("disaggregation_no_draft_probs", name, mode=mode)
     simulate = _simulated_acceptance_length()
     if simulate > 0:
-        raise _refuse(
-            name,
-            f"SGLANG_SIMULATE_ACC_LEN={simulate}",
-            "simulated acceptance, a benchmarking knob, overwrites the verify's accept decisions with draws "
-            "from the global RNG, so a request's tokens would depend on what else is running",
-            "Unset SGLANG_SIMULATE_ACC_LEN (or set it <= 0), or use --speculative-algorithm "
-            f"{DETSPEC_TWINS[name]} for acceptance-length simulations.",
-        )
+        raise refuse("simulated_acceptance", name, simulate=simulate)
     if DETSPEC_TWINS[name] == "EAGLE3" and _flag(server_args, "enable_attn_tp_input_scattered", False):
-        raise _refuse(
-            name,
-            "--enable-attn-tp-input-scattered",
-            "SGLang turns input scattering off for EAGLE3 by comparing the algorithm name to 'EAGLE3' at "
-            "model build time, which the DETSPEC_EAGLE3 name would slip past",
-            "Drop --enable-attn-tp-input-scattered.",
-        )
+        raise refuse("attn_tp_input_scattered", name)
 
 
 def _simulated_acceptance_length() -> float:
@@ -270,21 +184,28 @@ def _simulated_acceptance_length() -> float:
     return float(envs.SGLANG_SIMULATE_ACC_LEN.get())
 
 
+def torch_is_rocm() -> bool:
+    """ROCm builds of torch report ``device == "cuda"`` too; this tells them apart."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+def platform_is_out_of_tree() -> bool:
+    """An out-of-tree hardware platform plugin is active (every supported release exposes ``current_platform``)."""
+    try:
+        from sglang.srt.platforms import current_platform
+    except ImportError:  # pragma: no cover - every supported release has it
+        return False
+    probe = getattr(current_platform, "is_out_of_tree", None)
+    return bool(probe()) if callable(probe) else False
+
+
 def _refuse_non_nvidia(server_args: Any, name: str) -> None:
-    if compat.torch_is_rocm():
-        raise _refuse(
-            name,
-            "a ROCm build of torch",
-            "the seeded draft sampler is validated on NVIDIA CUDA GPUs only",
-            "Run on an NVIDIA GPU.",
-        )
-    if compat.platform_is_out_of_tree():
-        raise _refuse(
-            name,
-            "an out-of-tree SGLang platform plugin",
-            "such platforms substitute their own speculative workers, which do not seed the draft",
-            "Run on an NVIDIA GPU without SGLANG_PLATFORM plugins.",
-        )
+    if torch_is_rocm():
+        raise refuse("rocm", name)
+    if platform_is_out_of_tree():
+        raise refuse("out_of_tree_platform", name)
 
 
 def _chain_defaults(server_args: Any) -> dict:
@@ -309,65 +230,29 @@ def check_draft_vocab(name: str, draft_vocab_size: Optional[int], target_vocab_s
     if draft_vocab_size is None or target_vocab_size is None:
         return
     if int(draft_vocab_size) != int(target_vocab_size):
-        raise _refuse(
-            name,
-            f"a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-            "rejection sampling needs the draft and target distributions over one vocabulary (reduced "
-            "EAGLE-3 draft vocabularies are not supported yet)",
-            f"Use a draft with the target's full vocabulary, or --speculative-algorithm {DETSPEC_TWINS[name]} "
-            "(not reproducible).",
-        )
+        raise refuse("draft_vocab", name, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
 
 
 def _check_resolved(server_args: Any, name: str, twin: str) -> None:
     """Refusals that need the resolved configuration (run after SGLang's resolution)."""
     algo = _flag(server_args, "speculative_algorithm")
     if algo != twin:
-        raise _refuse(
-            name,
-            f"this draft (SGLang resolved the algorithm to {algo})",
-            "SGLang serves it with a different speculative algorithm (e.g. a Gemma-4 assistant draft becomes "
-            "FROZEN_KV_MTP), which has no rejection sampling",
-            f"Use --speculative-algorithm {twin} for this draft.",
-        )
+        raise refuse("resolved_algorithm", name, algorithm=algo)
     if not _flag(server_args, "enable_deterministic_inference", False):
-        raise DetspecConfigError(
-            f"--speculative-algorithm {name} requires --enable-deterministic-inference (it resolved to off). "
-            "Add --enable-deterministic-inference."
-        )
+        raise refuse("resolved_deterministic_inference", name)
     device = _flag(server_args, "device")
     if not str(device).startswith("cuda"):
-        raise _refuse(
-            name,
-            f"--device {device} (auto-detected)",
-            "the seeded draft sampler is a Triton kernel validated on NVIDIA CUDA GPUs only",
-            "Run on a machine with an NVIDIA GPU (--device cuda).",
-        )
+        raise refuse("resolved_device", name, device=device)
     _refuse_non_nvidia(server_args, name)
     topk = _flag(server_args, "speculative_eagle_topk")
     if topk != 1:
-        raise _refuse(
-            name,
-            f"--speculative-eagle-topk {topk} (as resolved)",
-            "rejection sampling is implemented for the linear (topk 1) draft chain only",
-            "Pass --speculative-eagle-topk 1.",
-        )
+        raise refuse("resolved_topk", name, topk=topk)
     steps = _flag(server_args, "speculative_num_steps")
     tokens = _flag(server_args, "speculative_num_draft_tokens")
     if steps is None or tokens != steps + 1:
-        raise _refuse(
-            name,
-            f"--speculative-num-steps {steps} / --speculative-num-draft-tokens {tokens} (as resolved)",
-            "a linear draft chain verifies exactly steps + 1 tokens",
-            "Pass --speculative-num-draft-tokens equal to --speculative-num-steps + 1.",
-        )
+        raise refuse("resolved_chain_length", name, steps=steps, tokens=tokens)
     if _flag(server_args, "speculative_adaptive", False):
-        raise _refuse(
-            name,
-            "--speculative-adaptive (as resolved)",
-            "adaptive speculation makes a request's draft length depend on the batch size",
-            "Drop --speculative-adaptive.",
-        )
+        raise refuse("resolved_adaptive", name)
     if _flag(server_args, "enable_mixed_chunk", False):
         # The user did not ask for it (that is refused earlier): some default switched it on. Upstream turns
         # it off for algorithms without mixed-chunk support, and so do we.
@@ -375,13 +260,7 @@ def _check_resolved(server_args: Any, name: str, twin: str) -> None:
         compat.write_fields(server_args, "detspec.no_mixed_chunk", enable_mixed_chunk=False)
     draft_path = _flag(server_args, "speculative_draft_model_path")
     if draft_path is None:
-        raise _refuse(
-            name,
-            "no --speculative-draft-model-path",
-            "the draft worker needs a draft checkpoint",
-            "Pass --speculative-draft-model-path (for a checkpoint that carries its own MTP/NEXTN layer, the "
-            "target path).",
-        )
+        raise refuse("no_draft_model", name)
     _check_draft_vocab_from_configs(server_args, name, draft_path)
 
 
@@ -397,46 +276,26 @@ def _refuse_chunked_prefill(server_args: Any, name: str, requested: Optional[int
     chunk = int(chunk)
     ranks = compat.attention_dp_size(server_args)
     if requested is None:
-        flag = f"--chunked-prefill-size {chunk} (SGLang's default for this GPU)"
+        setting = f"{chunk} (SGLang's default for this GPU)"
     else:
-        flag = f"--chunked-prefill-size {requested}"
+        setting = f"{requested}"
         if int(requested) != chunk:
             per_rank = f" per DP-attention rank, {ranks} ranks" if ranks > 1 else ""
-            flag += f" (resolved to {chunk}{per_rank})"
+            setting += f" (resolved to {chunk}{per_rank})"
     if compat.multi_layer_eagle_enabled(server_args):
-        raise _refuse(
-            name,
-            f"{flag} and multi-layer EAGLE",
-            "the multi-layer draft worker shifts each prefill chunk's tokens by one and appends the target's "
-            "sampled token even where the prompt continues in the next chunk (upstream TODO 'same "
-            "chunked-prefill chain divergence as PR #26329', fixed for the single-layer worker only), so the "
-            "draft KV, hence the draft tokens, depend on where the prompt was cut, which depends on what else "
-            "was scheduled",
-            "Pass --chunked-prefill-size -1 (multi-layer EAGLE is on through --enable-multi-layer-eagle or "
-            "SGLang's override for this model).",
-        )
+        raise refuse("chunked_prefill_multi_layer", name, chunk_setting=setting)
     alignment = compat.deterministic_prefill_alignment(server_args)
     if alignment is None or (alignment.tokens > 0 and chunk % alignment.tokens == 0):
         return
-    where = (
-        f"under --enable-deterministic-inference SGLang aligns chunked prefill to {alignment.tokens} tokens for "
-        f"the {alignment.backend} prefill backend ({alignment.env_var})"
-    )
     if alignment.tokens <= 0:
-        why = f"{where}, and a non-positive alignment fails the first chunked prompt"
-        fix = f"Unset {alignment.env_var} (or set it to a positive tile size), or pass --chunked-prefill-size -1."
+        key = "chunked_prefill_nonpositive_alignment"
+    elif chunk < alignment.tokens:
+        key = "chunked_prefill_below_alignment"
     else:
-        if chunk < alignment.tokens:
-            why = (f"{where}; a chunk shorter than that is cut to zero tokens, so the first prompt longer than "
-                   f"{chunk} tokens is never scheduled and every request queued behind it waits forever")
-        else:
-            why = (f"{where}; only a prompt's first chunk is cut to a multiple of it, later chunks are {chunk} "
-                   "tokens long, so they start off the alignment (and, for a chunk of twice the alignment or "
-                   "more, at offsets that depend on what else was scheduled with the first chunk)")
-        step = alignment.tokens * ranks
-        fix = (f"Pass --chunked-prefill-size a multiple of {step} (e.g. {step} or {2 * step}), or -1 to turn "
-               f"chunked prefill off; or set {alignment.env_var} to a divisor of {chunk}.")
-    raise _refuse(name, flag, why, fix)
+        key = "chunked_prefill_off_alignment"
+    step = alignment.tokens * ranks
+    raise refuse(key, name, chunk_setting=setting, chunk=chunk, tokens=alignment.tokens, backend=alignment.backend,
+                 env_var=alignment.env_var, step=step, step2=2 * step)
 
 
 def _refuse_radix_cache_with_multi_layer(server_args: Any, name: str) -> None:
@@ -444,16 +303,23 @@ def _refuse_radix_cache_with_multi_layer(server_args: Any, name: str) -> None:
     changed a seeded request's tokens from its third token on; a fully cached or cold prompt did not)."""
     if not compat.multi_layer_eagle_enabled(server_args) or _flag(server_args, "disable_radix_cache", False):
         return
-    raise _refuse(
-        name,
-        "the radix cache and multi-layer EAGLE",
-        "draft step i's layer reads the prompt shifted by i + 1 tokens (rotate_input_ids per step), so its KV at a "
-        "cached position depends on the i + 1 tokens that followed it in the request that filled the cache, while "
-        "EAGLE's bigram radix keys only guarantee the next one; a prompt that shares a prefix with an earlier, "
-        "different prompt therefore gets other draft proposals, hence other tokens, than the same prompt cold",
-        "Pass --disable-radix-cache (multi-layer EAGLE is on through --enable-multi-layer-eagle or SGLang's "
-        "override for this model), or use single-layer EAGLE, whose cache reuse is reproducible.",
-    )
+    raise refuse("radix_cache_multi_layer", name)
+
+
+def is_dummy_model(server_args: Any) -> bool:
+    """``--model-path dummy``/``none``: every supported release stops resolving right away (no spec handling)."""
+    path = compat.read_field(server_args, "model_path", None)
+    return str(path).lower() in ("none", "dummy")
+
+
+def load_hf_config(path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None) -> Any:
+    """A checkpoint's HF config, through the same helper SGLang's speculative handler uses."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    kwargs = {}
+    if revision is not None:
+        kwargs["revision"] = revision
+    return get_config(path, trust_remote_code=trust_remote_code, **kwargs)
 
 
 def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str) -> None:
@@ -462,7 +328,7 @@ def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str
     # startup one; when a config cannot be read here, that worker-init check still applies.
     try:
         target_vocab = getattr(compat.model_config(server_args), "vocab_size", None)
-        draft_cfg = compat.load_hf_config(
+        draft_cfg = load_hf_config(
             draft_path,
             trust_remote_code=bool(_flag(server_args, "trust_remote_code", False)),
             revision=_flag(server_args, "speculative_draft_model_revision"),
@@ -477,7 +343,7 @@ def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str
 def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:
     """``HookRegistry`` AROUND hook on SGLang's resolution entry point (see the module docstring)."""
     name = requested_detspec_algorithm(server_args)
-    if name is None or compat.is_dummy_model(server_args):
+    if name is None or is_dummy_model(server_args):
         # Not ours; or --model-path dummy, for which SGLang itself skips all speculative handling.
         return original(server_args, *args, **kwargs)
     twin = DETSPEC_TWINS[name]

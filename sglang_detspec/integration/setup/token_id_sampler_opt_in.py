@@ -68,7 +68,7 @@ def token_id_sampler_requested(environ: Optional[Mapping[str, str]] = None) -> b
         return False
     if value == _ON:
         return True
-    from sglang_detspec.integration.setup.server_args import DetspecConfigError
+    from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
     raise DetspecConfigError(
         f"{TOKEN_ID_SAMPLER_ENV}={value!r} is not an allowed value: use {TOKEN_ID_SAMPLER_ENV}=1 to sample with the "
@@ -81,7 +81,7 @@ def check_opt_in(spec_algorithm: Any, deterministic: bool) -> bool:
     """With the variable set to 1: True when this scheduler must install the sampler itself, False when a DETSPEC
     algorithm's worker already does; raises ``DetspecConfigError`` for a server it cannot serve."""
     from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
-    from sglang_detspec.integration.setup.server_args import DetspecConfigError
+    from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
     if isinstance(spec_algorithm, DetspecSpecAlgo):
         return False

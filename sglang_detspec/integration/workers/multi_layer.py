@@ -95,14 +95,11 @@ from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
     MultiLayerEagleWorkerV2,
 )
 
-from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration.sampling import proposal as _proposal
 from sglang_detspec.integration.sampling import scheme as _scheme
-from sglang_detspec.integration.sampling.verify import rebound_verify
-from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
-from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
+from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 
 __all__ = [
     "DetspecMultiLayerEagleDraftWorker",
@@ -167,13 +164,13 @@ def decode_draft_softmax(
 def prefill_draft_softmax(
     logits: torch.Tensor, temperatures: torch.Tensor
 ) -> torch.Tensor:
-    """q for the prefill proposal: ``torch.softmax(logits / T)`` (``compat.draft_proposal_probs``).
+    """q for the prefill proposal: ``torch.softmax(logits / T)`` (``proposal.draft_proposal_probs``).
 
     The prefill site is eager in every configuration, so it keeps the softmax
     of upstream's ``sample_draft_proposal`` (bit-identical to 0.5.23 except on
     SM 10.3, where upstream's choice depends on the batch size).
     """
-    return _compat.draft_proposal_probs(logits, temperatures)
+    return _proposal.draft_proposal_probs(logits, temperatures)
 
 
 # --------------------------------------------------------------------------
@@ -449,31 +446,13 @@ def _coupled_decode_base(batch_result) -> torch.Tensor:
     return new_seq_lens
 
 
-class DetspecMultiLayerEagleWorkerV2(MultiLayerEagleWorkerV2):
+class DetspecMultiLayerEagleWorkerV2(DetspecSpecWorker, MultiLayerEagleWorkerV2):
     """``MultiLayerEagleWorkerV2`` whose draft worker samples seeded proposals and whose verify is row-local.
 
-    Accepts each sglang version's constructor arguments unchanged (0.5.17 adds
-    ``ps``).
+    Accepts each sglang version's constructor arguments unchanged (0.5.17 adds ``ps``). What it shares with the
+    single-layer worker (construction, attention backends, verify) is :class:`DetspecSpecWorker`.
     """
 
-    def __init__(self, *args, **kwargs):
-        refuse_global_rng_verify_paths()
-        # Same body; the draft worker it builds by module-global name is ours.
-        _upstream(MultiLayerEagleWorkerV2, "__init__")(self, *args, **kwargs)
-        complete_spec_worker(
-            self,
-            draft_worker_cls=DetspecMultiLayerEagleDraftWorker,
-            upstream_owner=MultiLayerEagleWorkerV2,
-            build_rebound=[_upstream.build_all],
-        )
-
-    def init_attention_backends(self):
-        # As in the single-layer worker: the target's backends exist, no CUDA graph is captured yet -- the one
-        # moment the invariant verify can switch the target's verify attention to decode order.
-        super().init_attention_backends()
-        if _scheme.current() == _scheme.COUPLED:
-            install_decode_order_verify(self.target_worker.model_runner)
-
-    def verify(self, *args, **kwargs):
-        # Upstream body; its target truncation is the row-local one (integration/sampling/verify.py).
-        return rebound_verify(MultiLayerEagleWorkerV2)(self, *args, **kwargs)
+    UPSTREAM_WORKER = MultiLayerEagleWorkerV2
+    DRAFT_WORKER = DetspecMultiLayerEagleDraftWorker
+    REBOUND = _upstream

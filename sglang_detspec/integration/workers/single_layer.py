@@ -98,12 +98,9 @@ from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorker
 
 from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration.sampling import proposal as _proposal
-from sglang_detspec.integration.sampling import scheme as _scheme
-from sglang_detspec.integration.sampling.verify import rebound_verify
-from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
-from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
+from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 
 __all__ = [
     "DetspecEAGLEWorkerV2",
@@ -111,10 +108,6 @@ __all__ = [
     "DetspecEAGLEDraftCudaGraphRunner",
     "DraftSite",
 ]
-
-# Version differences live in compat.py (see its "Single-layer draft sampling" section).
-draft_proposal_probs = _compat.draft_proposal_probs
-
 
 def _deterministic_inference_enabled() -> bool:
     from sglang.srt.runtime_context import get_exec
@@ -235,7 +228,7 @@ def _detspec_sample_draft_proposal(
     pos = positions if positions is not None else site.positions()
     if top_ks is None:
         top_ks = getattr(site.sampling_info, "top_ks", None)
-    probs = draft_proposal_probs(next_token_logits, temperatures)
+    probs = _proposal.draft_proposal_probs(next_token_logits, temperatures)
     topk_p, topk_index = _proposal.seeded_draft_proposal(
         probs, seed, pos, step, top_ks=top_ks
     )
@@ -383,32 +376,15 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
 # ---------------------------------------------------------------------------
 
 
-class DetspecEAGLEWorkerV2(EAGLEWorkerV2):
+class DetspecEAGLEWorkerV2(DetspecSpecWorker, EAGLEWorkerV2):
     """``EAGLEWorkerV2`` that builds a :class:`DetspecEagleDraftWorker` and verifies row-locally.
 
     ``verify`` is upstream's body whose target truncation is the project's row-local one
     (:mod:`sglang_detspec.integration.sampling.verify`); the target model runner samples with the token-id-keyed
-    sampler (:mod:`sglang_detspec.integration.sampling.target_sampler`). Overlap and graphs are upstream. Verify coins
-    need no change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every
-    release's ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
+    sampler (:mod:`sglang_detspec.integration.sampling.target_sampler`). Overlap and graphs are upstream. What it
+    shares with the multi-layer worker (construction, attention backends, verify) is :class:`DetspecSpecWorker`.
     """
 
-    def __init__(self, *args, **kwargs):
-        refuse_global_rng_verify_paths()
-        _upstream(EAGLEWorkerV2, "__init__")(self, *args, **kwargs)
-        complete_spec_worker(
-            self,
-            draft_worker_cls=DetspecEagleDraftWorker,
-            upstream_owner=EAGLEWorkerV2,
-            build_rebound=[_upstream.build_all],
-        )
-
-    def init_attention_backends(self):
-        # The scheduler builds the target's backends first, then calls this, then captures every CUDA graph: the
-        # one moment the invariant verify can switch the target's verify attention to decode order.
-        super().init_attention_backends()
-        if _scheme.current() == _scheme.COUPLED:
-            install_decode_order_verify(self.target_worker.model_runner)
-
-    def verify(self, *args, **kwargs):
-        return rebound_verify(EAGLEWorkerV2)(self, *args, **kwargs)
+    UPSTREAM_WORKER = EAGLEWorkerV2
+    DRAFT_WORKER = DetspecEagleDraftWorker
+    REBOUND = _upstream
