@@ -6,14 +6,11 @@ of the session. Tests ask for a ready server with ``e2e_pool.ready(name)``.
 """
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import e2e_harness  # noqa: E402
+import e2e_harness
 
 
 def pytest_configure(config):

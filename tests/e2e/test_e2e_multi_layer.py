@@ -16,23 +16,13 @@ which 0.5.17 accepts with multi-layer EAGLE for topk 1, arg_groups/speculative_h
 outputs under uniform traffic. As in test_e2e_real_traffic.py it is not run under the mixed profile.
 """
 
-import sys
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=600, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 SEED = 1234
 TRIALS = 12
@@ -56,7 +46,7 @@ def _fa3_kernels_installed() -> bool:
 
 #: Without FA3 kernels the single-graph server cannot start, and the module fixture would fail every server's tests
 #: with it; it is left out then, and the test below says so instead of passing silently.
-FA3_AVAILABLE = _SKIP is None and _fa3_kernels_installed()
+FA3_AVAILABLE = h.e2e_skip_reason() is None and _fa3_kernels_installed()
 if not FA3_AVAILABLE:
     del CHECKS["detspec_mtp_fa3_graph"]
 #: Same attention backend (triton), CUDA graphs on and off: the same tokens.
@@ -81,11 +71,7 @@ RUNNER = {
 }
 RUNNER = {name: capture for name, capture in RUNNER.items() if name in CHECKS}
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in (*CHECKS, "detspec_mtp_radix")],
-]
+pytestmark = h.module_marks(*(*CHECKS, "detspec_mtp_radix"))
 
 DETSPEC = [n for n, (_, rc) in CHECKS.items() if rc == 0]
 CONTROLS = [n for n, (_, rc) in CHECKS.items() if rc == 1]
@@ -171,4 +157,4 @@ def test_single_graph_draft_extend_runner_needs_fa3():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

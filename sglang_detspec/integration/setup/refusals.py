@@ -2,7 +2,7 @@
 
 :data:`REFUSALS` maps a key to the flag or situation refused, the reason, and the fix; the server-argument hook
 (:mod:`.server_args`) raises :func:`refuse` of a key, so each message is written here once. README.md's "Flags it
-refuses at startup" explains the same refusals to users; ``tests/unit/test_refusal_table.py`` reads this table and
+refuses at startup" explains the same refusals to users; ``tests/unit/integration/setup/test_refusal_table.py`` reads this table and
 that README table and checks that they name the same flags. Standard library only (no SGLang, no torch).
 
 A message reads ``--speculative-algorithm NAME cannot be used with FLAG: WHY. FIX`` (the two

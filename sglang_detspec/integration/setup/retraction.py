@@ -76,7 +76,7 @@ KEEP_UNLESS_LIST = object()
 
 #: Per holder (``"req"`` the ``Req``, ``"logprob"`` its ``ReqLogprob``), every field a request fills as it emits
 #: tokens, with the value ``Req.__init__`` gives it (0.5.17 - 0.5.23; a field absent on the installed release is
-#: skipped). ``tests/unit/test_retraction_replay.py`` checks the values against a fresh ``Req`` of the installed
+#: skipped). ``tests/unit/integration/setup/test_retraction_replay.py`` checks the values against a fresh ``Req`` of the installed
 #: release and that no other output-named field exists there.
 PER_OUTPUT_REQ_FIELDS = {
     "req": {

@@ -33,7 +33,7 @@ Refused flags
 
 Each refusal raises :class:`~.refusals.DetspecConfigError` (a ``ValueError``) at startup, before any model loads,
 naming the flag and the fix. The refusals, with their reasons and fixes, are one table: :data:`.refusals.REFUSALS`;
-README.md's "Flags it refuses at startup" explains them (``tests/unit/test_refusal_table.py`` checks that the two
+README.md's "Flags it refuses at startup" explains them (``tests/unit/integration/setup/test_refusal_table.py`` checks that the two
 name the same flags).
 
 Not refused, documented instead (checked against the 0.5.17 and 0.5.23 sources):

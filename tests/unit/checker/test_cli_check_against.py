@@ -6,17 +6,14 @@ a second server that changes the continuation, and one that is not deterministic
 """
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-import pytest  # noqa: E402
+import pytest
 
-from sglang_detspec.checker import DEFAULT_PROMPT, run_check  # noqa: E402
-from sglang_detspec.command_base import CliError  # noqa: E402
+from sglang_detspec.checker import DEFAULT_PROMPT, run_check
+from sglang_detspec.command_base import CliError
 
-from fake_sglang_server import DIVERGE_AT, FakeSGLang, token_ids  # noqa: E402
-from test_cli_check import cli  # noqa: E402
+from fake_sglang_server import DIVERGE_AT, FakeSGLang, token_ids
+from test_cli_check import cli
 
 ARGS = ("--traffic", "uniform", "--trials", "3", "--max-fillers", "2", "--no-progress")
 

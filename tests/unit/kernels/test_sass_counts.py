@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "sass_counts.py"
 
 
 def _run(tmp_path, **env_changes):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the checkout's package, whichever one this Python has installed (scripts import the installed package)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env.update(env_changes)
     out = tmp_path / "sass.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--json", str(out)], capture_output=True, text=True,

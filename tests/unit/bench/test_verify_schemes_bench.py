@@ -13,9 +13,9 @@ index of the accepted prefix, then -1); SGLang's coins against the project's own
 schemes must accept every draft (the proposals are keyed where the verify looks).
 """
 
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,7 +35,7 @@ import sglang_verify_harness as harness
 
 B, V, S = 2, 300, 3
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = str(Path(__file__).resolve().parents[3])
 
 
 @pytest.fixture

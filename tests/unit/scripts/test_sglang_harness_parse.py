@@ -15,6 +15,7 @@ import importlib.util
 import io
 import itertools
 import json
+import os
 import random
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _load(name: str, path: Path):
@@ -242,8 +243,10 @@ def test_help_imports_neither_torch_nor_sglang():
             # The script imports the package's server launcher (standard library only), never its SGLang layer.
             "heavy = [m for m in ('torch', 'sglang', 'triton', 'sglang_detspec.integration') if m in sys.modules]\n"
             "assert not heavy, heavy\nprint('OK')\n")
+    # the checkout's package, whichever one this Python has installed (scripts import the installed package)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "scripts", capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "--prefix-trials" in proc.stdout and proc.stdout.rstrip().endswith("OK")
 

@@ -15,11 +15,10 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from sglang_detspec.checker import DEFAULT_PROMPT, run_check  # noqa: E402
-from sglang_detspec.command_base import CliError  # noqa: E402
+from sglang_detspec.checker import DEFAULT_PROMPT, run_check
+from sglang_detspec.command_base import CliError
 
-from fake_sglang_server import DIVERGE_AT, ERROR_MESSAGE, FakeSGLang, detokenize, token_ids  # noqa: E402
+from fake_sglang_server import DIVERGE_AT, ERROR_MESSAGE, FakeSGLang, detokenize, token_ids
 
 
 def cli(*args, timeout=120):

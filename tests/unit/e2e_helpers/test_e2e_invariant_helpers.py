@@ -5,13 +5,11 @@ to have (a typo in a flag would otherwise cost a GPU run)."""
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-import e2e_harness as h  # noqa: E402
+import e2e_harness as h
 
 # ---------------------------------------------------------------------------------------------------
 # compare_to_reference

@@ -9,14 +9,11 @@ the allowed number of times.
 
 import importlib.util
 import inspect
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-import e2e_harness as h  # noqa: E402
+import e2e_harness as h
 
 SEED = 1234
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # A stand-in interpreter: records every command line (one per line) and exits 0. The runner's own pre-check (a
 # heredoc on stdin) is recorded as "-".

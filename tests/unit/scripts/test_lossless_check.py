@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "lossless_check.py"
 CONTROL = REPO / "tests" / "e2e" / "controls" / "accept_all_drafts"
 

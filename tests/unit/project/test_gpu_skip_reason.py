@@ -6,11 +6,12 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = str(Path(__file__).resolve().parents[2])  # tests/
 
 
 def _conftest_reason() -> str:

@@ -4,18 +4,12 @@
 invariant mode must and fail on ones that do not (a retracted probe that changes, a control equal to the reference).
 The servers' flags are resolved by SGLang's own parser in test_e2e_invariant_helpers.py."""
 
-import os
-import sys
-from pathlib import Path
 
 import pytest
+import test_e2e_invariant_pressure as e2e
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-import test_e2e_invariant_pressure as e2e  # noqa: E402
-
-import e2e_harness as h  # noqa: E402
-from fake_sglang_server import FakeSGLang  # noqa: E402
+import e2e_harness as h
+from fake_sglang_server import FakeSGLang
 
 POOL = 1024
 

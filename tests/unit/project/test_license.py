@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # MD5 of https://www.apache.org/licenses/LICENSE-2.0.txt, the canonical text (also what most packages ship).
 APACHE_2_MD5 = "3b83ef96387f14655fc854ddc3c6bd57"
 

@@ -10,12 +10,11 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from sglang_detspec.checker import DEFAULT_PROMPT, EXIT_INCONCLUSIVE, parse_traffic, run_check  # noqa: E402
-from sglang_detspec.checker import traffic as tr  # noqa: E402
-from sglang_detspec.command_base import CliError  # noqa: E402
+from sglang_detspec.checker import DEFAULT_PROMPT, EXIT_INCONCLUSIVE, parse_traffic, run_check
+from sglang_detspec.checker import traffic as tr
+from sglang_detspec.command_base import CliError
 
-from fake_sglang_server import DIVERGE_AT, FakeSGLang, fake_tokenize  # noqa: E402
+from fake_sglang_server import DIVERGE_AT, FakeSGLang, fake_tokenize
 
 POOL = 1024
 PROBE_TOKENS = 64

@@ -3,16 +3,13 @@ with the reference's tokens must return them bit for bit; a difference is report
 
 import json
 import math
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
-from sglang_detspec.checker import DEFAULT_PROMPT, run_check  # noqa: E402
-from sglang_detspec.checker.logprobs import compare_logprobs  # noqa: E402
-from sglang_detspec.checker.report import Trial  # noqa: E402
+from sglang_detspec.checker import DEFAULT_PROMPT, run_check
+from sglang_detspec.checker.logprobs import compare_logprobs
+from sglang_detspec.checker.report import Trial
 
-from fake_sglang_server import LOGPROB_JITTER, LOGPROB_JITTER_AT, FakeSGLang, fake_logprob  # noqa: E402
-from test_cli_check import cli  # noqa: E402
+from fake_sglang_server import LOGPROB_JITTER, LOGPROB_JITTER_AT, FakeSGLang, fake_logprob
+from test_cli_check import cli
 
 ARGS = ("--traffic", "uniform", "--trials", "4", "--max-fillers", "3", "--no-progress", "--max-new-tokens", "8")
 

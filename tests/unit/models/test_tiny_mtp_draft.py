@@ -13,8 +13,6 @@ import inspect
 import json
 import math
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +28,6 @@ from sglang_detspec.integration.setup.refusals import DetspecConfigError  # noqa
 from sglang_detspec.models import model_cache, mtp_draft, tiny_config  # noqa: E402
 from sglang_detspec.models import tiny_models as tm  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import e2e_harness  # noqa: E402
 
 MTP_SPECS = ("detspec_mtp_graph", "detspec_mtp_nograph", "detspec_mtp_fa3_graph", "builtin_mtp_rs")

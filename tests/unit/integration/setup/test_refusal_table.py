@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sglang_detspec.integration.setup.refusals import REFUSALS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 TOKEN = re.compile(r"--[a-z][a-z0-9-]+|SGLANG_[A-Z0-9_]+")
 
 
