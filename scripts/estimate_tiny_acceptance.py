@@ -13,13 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from sglang_detspec.models.model_cache import tree_digest  # noqa: E402
-from sglang_detspec.models.tiny_models import ensure_tiny_models  # noqa: E402
-from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference  # noqa: E402
+from sglang_detspec.models.model_cache import tree_digest
+from sglang_detspec.models.tiny_models import ensure_tiny_models
+from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
 
 PROMPT_TOKENS = 8
 FIRST_ORDINARY_TOKEN = 3  # ids 0-2 are <s>, </s>, <unk>

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+# Both standard library only, so --help needs neither torch nor SGLang.
+from sglang_detspec import server_process
+from sglang_detspec.models import tiny_servers
+
 REPO = Path(__file__).resolve().parent.parent
 # The control's sitecustomize is test-only code: it stays under tests/, on the control server's PYTHONPATH alone.
 CONTROL_DIR = REPO / "tests" / "e2e" / "controls" / "accept_all_drafts"
-sys.path.insert(0, str(REPO))
-# Both standard library only, so --help needs neither torch nor SGLang.
-from sglang_detspec import server_process  # noqa: E402
-from sglang_detspec.models import tiny_servers  # noqa: E402
 
 DEFAULT_N = 10_000
 QUICK_N = 1_000

@@ -46,12 +46,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+# Both import the standard library only, so --help and the parser tests stay GPU-free.
+from sglang_detspec import server_process
+from sglang_detspec.models import tiny_servers
+
 ROOT = Path(__file__).resolve().parent.parent
 MIXED_SCRIPT = ROOT / "scripts" / "sglang_harness_mixed.py"
-sys.path.insert(0, str(ROOT))
-# Both import the standard library only, so --help and the parser tests stay GPU-free.
-from sglang_detspec import server_process  # noqa: E402
-from sglang_detspec.models import tiny_servers  # noqa: E402
 
 HARNESS_MODULE = "sglang.test.test_deterministic"
 MODES = ("single", "mixed", "prefix")

@@ -26,8 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout's package
-
 ARCH = (90, "sm_90a")  # the H200's
 _STAGE1_SIGNATURE = {
     "probs_ptr": "*fp32", "row_stride": "i32", "seed_ptr": "*i64", "pos_ptr": "*i64", "part_score_ptr": "*fp64",

@@ -31,17 +31,16 @@ import time
 from dataclasses import astuple
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton interpreter (small shapes)
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from sglang_detspec.bench import sampler_bench as benchmark  # noqa: E402
-from sglang_detspec.bench.sampler_bench import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob  # noqa: E402
-from sglang_detspec.bench.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores  # noqa: E402
-from sglang_detspec.kernels import LAUNCH_TABLE  # noqa: E402
+from sglang_detspec.bench import sampler_bench as benchmark
+from sglang_detspec.bench.sampler_bench import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob
+from sglang_detspec.bench.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores
+from sglang_detspec.kernels import LAUNCH_TABLE
 from sglang_detspec.stream import reference
 
 SMOKE = "--smoke" in sys.argv

@@ -26,18 +26,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
-
-from sglang_detspec.bench.sampler_bench import graph_time_us  # noqa: E402
-from sglang_detspec.kernels import truncate_probs_triton  # noqa: E402
-from sglang_detspec.stream.reference import truncate_probs_reference  # noqa: E402
+from sglang_detspec.bench.sampler_bench import graph_time_us
+from sglang_detspec.kernels import truncate_probs_triton
+from sglang_detspec.stream.reference import truncate_probs_reference
 
 VOCABS = (151936, 163840)
 BATCHES = (1, 8, 32, 128, 512)

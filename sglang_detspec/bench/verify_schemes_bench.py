@@ -70,7 +70,7 @@ QUICK_BATCHES = (1, 128)
 STEPS = 3
 SCHEMES = ("rejection", "coupled")
 _SCHEME_OF = {"rejection": scheme.REJECTION, "coupled": scheme.COUPLED}
-#: the coupled race's two screen forms (kernels/coupled_race.py::exponential_f32), by ``fast_screen``
+#: the coupled race's two screen forms (kernels/coupled_scoring.py::exponential_f32), by ``fast_screen``
 SCREENS = {True: "lg2.approx", False: "logf"}
 _INSTALL = ("install SGLang 0.5.17 - 0.5.23 in this Python (pip install 'sglang>=0.5.17,<0.5.24'), or put the "
             "staged SGLang bundle on PYTHONPATH")
