@@ -5,7 +5,7 @@ Usage: python scripts/estimate_tiny_acceptance.py [--root DIR] [--prompts 16] [-
                                                   [--temperature 1.0] [--seed 0] [--json]
 Builds the weighted pair once (``ensure_tiny_models(pair="weighted")``), then simulates speculative
 decoding with ``--steps`` chained drafts per verify from ``--prompts`` random prompts (8 tokens each,
-drawn from the seed) on the float32 CPU reference (``sglang_detspec.tiny_reference``). The accept length
+drawn from the seed) on the float32 CPU reference (``sglang_detspec.models.tiny_reference``). The accept length
 is tokens per verify step (accepted drafts + 1), at most steps + 1, as SGLang reports it.
 """
 import argparse
@@ -13,12 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from sglang_detspec.tiny_models import ensure_tiny_models, tree_digest  # noqa: E402
-from sglang_detspec.tiny_reference import estimate_accept_length, load_reference  # noqa: E402
+from sglang_detspec.models.model_cache import tree_digest
+from sglang_detspec.models.tiny_models import ensure_tiny_models
+from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
 
 PROMPT_TOKENS = 8
 FIRST_ORDINARY_TOKEN = 3  # ids 0-2 are <s>, </s>, <unk>

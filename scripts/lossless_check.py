@@ -45,12 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+# Both standard library only, so --help needs neither torch nor SGLang.
+from sglang_detspec import server_process
+from sglang_detspec.models import tiny_servers
+
 REPO = Path(__file__).resolve().parent.parent
 # The control's sitecustomize is test-only code: it stays under tests/, on the control server's PYTHONPATH alone.
 CONTROL_DIR = REPO / "tests" / "e2e" / "controls" / "accept_all_drafts"
-sys.path.insert(0, str(REPO))
-# Both standard library only, so --help needs neither torch nor SGLang.
-from sglang_detspec import server_process, tiny_servers  # noqa: E402
 
 DEFAULT_N = 10_000
 QUICK_N = 1_000
@@ -220,7 +221,7 @@ def position_zero_note(first_tokens_equal: Optional[bool], baseline_seeds: str, 
 
 
 GRAPH_BS_FLAG = "--cuda-graph-max-bs-decode"
-# The tiny pair's flags cap running requests at 32 (tiny_models); the check keeps --concurrency running.
+# The tiny pair's flags cap running requests at 32 (tiny_servers); the check keeps --concurrency running.
 RUNNING_FLAG = "--max-running-requests"
 
 
@@ -298,7 +299,7 @@ def run(args) -> int:
     import numpy as np
 
     from sglang_detspec.checker import two_sample
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     reason = server_process.launch_skip_reason()
     if reason:

@@ -11,9 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from sglang_detspec.tiny_models import ensure_tiny_models  # noqa: E402
+from sglang_detspec.models.tiny_models import ensure_tiny_models
 
 
 def main(argv=None) -> int:

@@ -22,7 +22,7 @@
 #
 # The plugin must be installed (pip install -e .) in that Python so that SGLang's plugin loader sees
 # its entry point; the e2e part checks this. Nothing here downloads anything: the tiny models are
-# built locally (sglang_detspec.tiny_models: the weighted pair by default, DETSPEC_E2E_PAIR=dummy for the other).
+# built locally (sglang_detspec.models.tiny_models: the weighted pair by default, DETSPEC_E2E_PAIR=dummy for the other).
 set -uo pipefail
 
 usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }

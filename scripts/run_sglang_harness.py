@@ -4,7 +4,7 @@
 Usage: python scripts/run_sglang_harness.py [--out DIR] [--n-trials 16] [--prefix-trials 12] [--sampling-seed 1234]
 
 On a CUDA machine with sglang and this package installed (``pip install -e .``), starts two servers side by side
-on the weighted tiny pair (the E2E tests' configurations of the same names, built by ``sglang_detspec.tiny_servers``):
+on the weighted tiny pair (the E2E tests' configurations of the same names, built by ``sglang_detspec.models.tiny_servers``):
 
 * ``detspec_eagle_graph`` -- ``DETSPEC_EAGLE --enable-deterministic-inference``: must give one output per prompt;
 * ``builtin_eagle_rs``    -- built-in ``EAGLE --speculative-use-rejection-sampling``, not deterministic: the
@@ -46,11 +46,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+# Both import the standard library only, so --help and the parser tests stay GPU-free.
+from sglang_detspec import server_process
+from sglang_detspec.models import tiny_servers
+
 ROOT = Path(__file__).resolve().parent.parent
 MIXED_SCRIPT = ROOT / "scripts" / "sglang_harness_mixed.py"
-sys.path.insert(0, str(ROOT))
-# Both import the standard library only, so --help and the parser tests stay GPU-free.
-from sglang_detspec import server_process, tiny_servers  # noqa: E402
 
 HARNESS_MODULE = "sglang.test.test_deterministic"
 MODES = ("single", "mixed", "prefix")
@@ -349,7 +350,7 @@ def main(argv=None) -> int:
             if "mixed" in available else ""
         print(f"[harness] mixed mode: scripts/sglang_harness_mixed.py through the harness's send_single{native}")
 
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     pair = tiny_servers.tiny_pair()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import os
 import re
@@ -24,8 +25,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the checkout's package
 
 ARCH = (90, "sm_90a")  # the H200's
 _STAGE1_SIGNATURE = {
@@ -53,7 +52,8 @@ def compile_stage1(block: int, warps: int, fast: bool, workdir: Path) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from sglang_detspec.kernels import coupled_race_probs as race
+    # by module path: the package's own name coupled_race_probs is the kernel function it exports
+    race = importlib.import_module("sglang_detspec.kernels.coupled_race_probs")
 
     src = ASTSource(fn=race._probs_stage1, signature=_STAGE1_SIGNATURE,
                     constexprs={"CAP": True, "RECIP": True, "BLOCK": block, "FAST": fast})

@@ -5,9 +5,9 @@
   GPU; ``--dry-run`` prints the command after resolving it through SGLang's own parser and resolution.
 * ``check``  sends one seeded probe to any SGLang server next to changing traffic (uniform, mixed sampling
   parameters, long prompts, shared prefixes) and says whether its output ever changed; :mod:`sglang_detspec.checker`.
-* ``bench``  runs the sampler benchmark (:func:`sglang_detspec.benchmark.main`).
+* ``bench``  runs the sampler benchmark (:func:`sglang_detspec.bench.sampler_bench.main`).
 * ``bench-serve`` runs the end-to-end serving benchmark on a generated mid-size pair (no speculation, built-in EAGLE
-  with and without rejection sampling, DETSPEC_EAGLE; SGLang's ``bench_serving``); :mod:`sglang_detspec.serving_bench`.
+  with and without rejection sampling, DETSPEC_EAGLE; SGLang's ``bench_serving``); :mod:`sglang_detspec.bench.serving_bench`.
 * ``demo``   shows on CPU, with the reference sampler, that a request's draft token depends on its seed and
   never on the batch around it; :mod:`sglang_detspec.demo`.
 
@@ -23,7 +23,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from sglang_detspec import checker, demo, serve, serving_bench
+from sglang_detspec import checker, demo, serve
+from sglang_detspec.bench import serving_bench
 from sglang_detspec.command_base import EXIT_ERROR, EXIT_FAIL, EXIT_OK, PROG, CliError
 
 __all__ = ["main", "build_parser", "CliError", "EXIT_OK", "EXIT_FAIL", "EXIT_ERROR"]
@@ -112,7 +113,7 @@ examples:
   {PROG} bench --out results/bench             # full grid: sampler_bench.csv + sampler_bench.png
   {PROG} bench --quick --batch 1 128 --vocab 163840
 
-Every argument is passed to sglang_detspec.benchmark.main (the same as scripts/bench/bench_sampler.py).
+Every argument is passed to sglang_detspec.bench.sampler_bench.main (the same as scripts/bench/bench_sampler.py).
 """
 
 _BENCH_SERVE_DESCRIPTION = """\
@@ -248,16 +249,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _load_benchmark():
     try:
-        from sglang_detspec import benchmark
+        from sglang_detspec.bench import sampler_bench as benchmark
     except ImportError as e:
-        if getattr(e, "name", None) == "sglang_detspec.benchmark":
-            raise CliError("the sampler benchmark (sglang_detspec.benchmark) is not part of this installation") from e
+        if getattr(e, "name", None) == "sglang_detspec.bench.sampler_bench":
+            raise CliError("the sampler benchmark (sglang_detspec.bench.sampler_bench) is not part of this installation") from e
         raise CliError(
             f"the sampler benchmark cannot be loaded: {e} (pip install 'sglang-detspec[bench]' installs its extras)"
         ) from e
     main_fn = getattr(benchmark, "main", None)
     if not callable(main_fn):
-        raise CliError("sglang_detspec.benchmark has no main(argv) function")
+        raise CliError("sglang_detspec.bench.sampler_bench has no main(argv) function")
     return main_fn
 
 
@@ -392,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "(any SGLang server)", _CHECK_DESCRIPTION, _CHECK_EPILOG))
     # The benchmark owns its options: -h/--help here lists them (cmd_bench), everything else is passed through.
     p = _subparser(sub, "bench", "benchmark the fused seeded sampler against SGLang's (CUDA GPU)",
-                   "Run the sampler benchmark (sglang_detspec.benchmark.main) and write its CSV and PNG.",
+                   "Run the sampler benchmark (sglang_detspec.bench.sampler_bench.main) and write its CSV and PNG.",
                    _BENCH_EPILOG, add_help=False, usage=f"{PROG} bench [-h] [BENCHMARK OPTIONS]")
     p.add_argument("-h", "--help", action="store_true", help="show this help and the benchmark's options")
     p.set_defaults(format_help=p.format_help)

@@ -60,7 +60,7 @@ def run_demo(
 ) -> DemoResult:
     """Compute, live on CPU, the invariants of the seeded draft sampler and render them as a small table.
 
-    ``sampler`` defaults to :func:`sglang_detspec.reference.seeded_draft_sample`; tests pass a broken one to
+    ``sampler`` defaults to :func:`sglang_detspec.stream.reference.seeded_draft_sample`; tests pass a broken one to
     prove the checks can fail.  ``kernel``: add a column drawn by the fused Triton kernel (on a permuted batch),
     which must equal the reference's tokens.
     """
@@ -68,9 +68,9 @@ def run_demo(
 
     if sampler is None:
         try:
-            from sglang_detspec.reference import seeded_draft_sample as sampler
+            from sglang_detspec.stream.reference import seeded_draft_sample as sampler
         except ImportError as e:
-            raise CliError(f"the reference sampler (sglang_detspec.reference) is not available: {e}") from e
+            raise CliError(f"the reference sampler (sglang_detspec.stream.reference) is not available: {e}") from e
 
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(batch, vocab, generator=g, dtype=torch.float32) * 2.0, dim=-1)

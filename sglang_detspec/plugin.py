@@ -5,18 +5,18 @@ SGLang's ``load_plugins()`` runs :func:`load_plugin` in every process it starts 
 scheduler, DP-controller and detokenizer process. It registers
 
 * the speculative algorithms ``DETSPEC_EAGLE`` and ``DETSPEC_EAGLE3``
-  (:mod:`sglang_detspec.integration.algorithm`), and
-* the server-argument resolution hook (:mod:`sglang_detspec.integration.server_args`),
+  (:mod:`sglang_detspec.integration.setup.algorithm`), and
+* the server-argument resolution hook (:mod:`sglang_detspec.integration.setup.server_args`),
 * per-request checks that answer a malformed request with HTTP 400 instead of letting it reach (and kill) the
-  scheduler (:mod:`sglang_detspec.integration.request_validation`),
-* per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.parallel_sampling`),
-* replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.retraction`),
+  scheduler (:mod:`sglang_detspec.integration.setup.request_validation`),
+* per-choice seeds for ``n > 1`` on DETSPEC servers (:mod:`sglang_detspec.integration.setup.parallel_sampling`),
+* replay from the prompt for retracted requests on DETSPEC schedulers (:mod:`sglang_detspec.integration.setup.retraction`),
 * a scheduler start-up check that a DETSPEC algorithm really got the DETSPEC workers and target sampler
-  (:mod:`sglang_detspec.integration.scheduler_check`),
+  (:mod:`sglang_detspec.integration.setup.scheduler_check`),
 * the opt-in token-id-keyed target sampler for non-speculative deterministic servers,
-  ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.token_id_sampler_opt_in`),
+  ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1`` (:mod:`sglang_detspec.integration.setup.token_id_sampler_opt_in`),
 * the plugin's batch-invariant GEMM and residual RMSNorm in SGLang's deterministic mode, with a start-up self-check
-  (:mod:`sglang_detspec.integration.batch_invariant_ops`; ``SGLANG_DETSPEC_OPS`` chooses where),
+  (:mod:`sglang_detspec.integration.setup.batch_invariant_ops`; ``SGLANG_DETSPEC_OPS`` chooses where),
 
 and checks both. SGLang's loader only *logs* an exception raised by a plugin and carries on, so this function
 logs an error itself before re-raising; and because a plugin's hooks are applied by the loader *after* the
@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from typing import Dict
 
+from sglang_detspec.algorithm_names import DETSPEC_ALGORITHMS
 from sglang_detspec.integration import compat
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def load_plugin() -> Dict[str, object]:
     Returns :func:`plugin_status`. Raises (after logging) if registration or its self-check fails.
     """
     try:
-        from sglang_detspec.integration import (
+        from sglang_detspec.integration.setup import (
             algorithm,
             batch_invariant_ops,
             parallel_sampling,
@@ -94,7 +95,7 @@ def load_plugin() -> Dict[str, object]:
             if not retraction.retraction_replay_active():
                 raise RuntimeError(
                     "the retraction replay hooks on "
-                    f"{' and '.join(compat.retraction_replay_targets())} could not be applied "
+                    f"{' and '.join(retraction.retraction_replay_targets())} could not be applied "
                     "(see the HookRegistry error above)"
                 )
             if not request_validation.request_validation_active():
@@ -135,7 +136,7 @@ def load_plugin() -> Dict[str, object]:
 
 def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
-    from sglang_detspec.integration import (
+    from sglang_detspec.integration.setup import (
         algorithm,
         batch_invariant_ops,
         request_validation,
@@ -147,7 +148,7 @@ def plugin_status() -> Dict[str, object]:
 
     return {
         "sglang_version": compat.installed_sglang_version(),
-        "algorithms": [name for name in algorithm.DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
+        "algorithms": [name for name in DETSPEC_ALGORITHMS if algorithm.lookup(name) is not None],
         "resolution_target": compat.resolution_entry_target(),
         "resolution_hook_active": server_args.resolution_hook_active(),
         "scheduler_check_active": scheduler_check.scheduler_check_active(),

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
-from sglang_detspec.tiny_models import MAX_POS, TINY_PAIRS, ensure_tiny_models, server_flags
+from sglang_detspec.models.tiny_config import MAX_POS, TINY_PAIRS
+from sglang_detspec.models.tiny_models import ensure_tiny_models
+from sglang_detspec.models.tiny_servers import server_flags
 
 # DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
 __all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
@@ -66,7 +68,7 @@ def build_serve_command(
     ``passthrough`` replaces the default for that flag (SGLang's argparse would keep the last occurrence anyway;
     dropping ours keeps the printed command unambiguous). With no ``model_path`` the embedded tiny target + draft
     pair ``tiny_pair`` is built once (cached) and served offline with its own flags
-    (:func:`sglang_detspec.tiny_models.server_flags`). ``env_changes`` maps a variable to its new value, or to
+    (:func:`sglang_detspec.models.tiny_servers.server_flags`). ``env_changes`` maps a variable to its new value, or to
     None for a variable to unset.
     """
     env = dict(os.environ if env is None else env)
@@ -263,7 +265,7 @@ def resolve_launch(cmd: Sequence[str], env_changes: dict[str, str | None]) -> li
     except SystemExit as e:  # SGLang's argparse printed the reason (an unknown or malformed flag) above
         raise CliError(f"sglang.launch_server's parser rejects the command (exit {e.code}; its message is above)") from None
     except Exception as e:
-        from sglang_detspec.integration.server_args import DetspecConfigError
+        from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
         who = "sglang-detspec refuses the launch" if isinstance(e, DetspecConfigError) else (
             f"SGLang cannot resolve the launch ({type(e).__name__})")

@@ -1,7 +1,7 @@
 """A real ``python -m sglang.launch_server`` process: start it with its output in a log file, wait until it serves,
 stop it and its children; plus the few JSON-over-HTTP helpers its callers use.
 
-Shared by ``sglang-detspec bench-serve`` (:mod:`sglang_detspec.serving_bench`), the end-to-end tests
+Shared by ``sglang-detspec bench-serve`` (:mod:`sglang_detspec.bench.serving_bench`), the end-to-end tests
 (``tests/e2e/e2e_harness.py``) and the GPU scripts (``scripts/lossless_check.py``, ``scripts/run_sglang_harness.py``),
 so that none of them imports another's files. Standard library only: importing it costs nothing, and the callers'
 ``--help`` and CPU tests never touch torch or SGLang.

@@ -3,13 +3,13 @@
 
     PYTHONPATH=$PWD python scripts/bench/bench_kernel_variants.py --out DIR [--rows 50000] [--configs ...]
 
-For every launch variant (``sglang_detspec.benchmark.LAUNCH_VARIANTS``: block size, warps, ptxas register
+For every launch variant (``sglang_detspec.bench.sampler_bench.LAUNCH_VARIANTS``: block size, warps, ptxas register
 cap, applied when B >= 32, through ``seeded_draft_sample(..., config=LaunchConfig(...))``) and the committed
 launch table ("base"); to compare kernel code paths, give ``launch_variant`` an entry that calls the other
 path (the 2026-12-02 code-path comparison that chose the current kernel ran this way; results in the kernel
 module's docstring):
 1. parity: token indices vs a GPU float64 torch implementation of upstream's stream
-   (:func:`sglang_detspec.upstream_replica.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
+   (:func:`sglang_detspec.bench.upstream_replica.upstream_seeded_fast_sample`, op for op SGLang 0.5.23) on random rows
    (dense at three temperatures, top-k truncated, flat, peaked; V = 163840 and 151936; random int64 seeds,
    positions up to 2**40, draft steps 0..7; int32 positions, strided row views, 10% greedy rows), small
    batches (every launch-table row), degenerate rows and constructed near-tie rows; one reference
@@ -31,17 +31,17 @@ import time
 from dataclasses import astuple
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
 if "--smoke" in sys.argv:  # CPU dry run of the parity path under the Triton interpreter (small shapes)
     os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-import triton  # noqa: E402
+import torch
+import triton
 
-from sglang_detspec import benchmark, reference  # noqa: E402
-from sglang_detspec.benchmark import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob  # noqa: E402
-from sglang_detspec.kernels import LAUNCH_TABLE  # noqa: E402
-from sglang_detspec.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores  # noqa: E402
+from sglang_detspec.bench import sampler_bench as benchmark
+from sglang_detspec.bench.sampler_bench import LAUNCH_VARIANTS, launch_variant, rand_probs, tied_partner_prob
+from sglang_detspec.bench.upstream_replica import upstream_seeded_fast_sample, upstream_seeded_scores
+from sglang_detspec.kernels import LAUNCH_TABLE
+from sglang_detspec.stream import reference
 
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cpu" if SMOKE else "cuda")

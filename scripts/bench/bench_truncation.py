@@ -9,7 +9,7 @@ over ``--replays`` replays is reported:
 
 * ``detspec``: :func:`sglang_detspec.kernels.truncate_probs_triton` (``renormalize=True``), once per
   ``--launch BLOCKxWARPS`` configuration;
-* ``torch_sort``: the same rules by a full sort (:func:`sglang_detspec.reference.truncate_probs_reference`
+* ``torch_sort``: the same rules by a full sort (:func:`sglang_detspec.stream.reference.truncate_probs_reference`
   on the GPU); the kernel's output is compared with it bit for bit (``mismatches``, must be 0);
 * ``flashinfer``: ``top_k_renorm_probs`` then ``top_p_renorm_probs`` (what SGLang's EAGLE verify runs for
   the whole batch; no min-p), skipped when flashinfer is not importable;
@@ -26,18 +26,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
-
-from sglang_detspec.benchmark import graph_time_us  # noqa: E402
-from sglang_detspec.kernels import truncate_probs_triton  # noqa: E402
-from sglang_detspec.reference import truncate_probs_reference  # noqa: E402
+from sglang_detspec.bench.sampler_bench import graph_time_us
+from sglang_detspec.kernels import truncate_probs_triton
+from sglang_detspec.stream.reference import truncate_probs_reference
 
 VOCABS = (151936, 163840)
 BATCHES = (1, 8, 32, 128, 512)

@@ -8,17 +8,14 @@ Nsight Compute (the stage-1 kernel is where the time goes; no SGLang needed):
         python3 scripts/bench/profile_stage1.py base b2k ...
 
 Add ``--page raw`` and grep ``pipe_.*_cycles_active`` / ``issue_stalled`` for pipe utilisation and stall
-reasons.  Config names are those of ``sglang_detspec.benchmark.LAUNCH_VARIANTS`` (scripts/bench/bench_kernel_variants.py).
+reasons.  Config names are those of ``sglang_detspec.bench.sampler_bench.LAUNCH_VARIANTS`` (scripts/bench/bench_kernel_variants.py).
 """
 
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # the checkout's package
+import torch
 
-import torch  # noqa: E402
-
-from sglang_detspec import benchmark  # noqa: E402
+from sglang_detspec.bench import sampler_bench as benchmark
 
 probs, seeds, pos = benchmark.make_inputs(128, 163840, torch.device("cuda"))
 fns = [(n, benchmark.launch_variant(n)) for n in sys.argv[1:]]

@@ -1,6 +1,6 @@
 """Two-sample chi-square tests for the lossless check: do two servers' token sequences share one distribution?
 
-numpy and scipy only (no SGLang, no torch), so the statistic is tested on CPU (``tests/unit/test_two_sample.py``)
+numpy and scipy only (no SGLang, no torch), so the statistic is tested on CPU (``tests/unit/checker/test_two_sample.py``)
 and the GPU driver (``scripts/lossless_check.py``) only collects tokens.
 
 The test

@@ -262,22 +262,6 @@ def multi_layer_eagle_enabled(server_args: Any) -> bool:
     return bool(read_field(server_args, "enable_multi_layer_eagle", False))
 
 
-def is_dummy_model(server_args: Any) -> bool:
-    """``--model-path dummy``/``none``: both releases stop resolving right away (no spec handling at all)."""
-    path = read_field(server_args, "model_path", None)
-    return str(path).lower() in ("none", "dummy")
-
-
-def load_hf_config(path: str, *, trust_remote_code: bool = False, revision: Optional[str] = None) -> Any:
-    """A checkpoint's HF config, through the same helper SGLang's speculative handler uses."""
-    from sglang.srt.utils.hf_transformers_utils import get_config
-
-    kwargs = {}
-    if revision is not None:
-        kwargs["revision"] = revision
-    return get_config(path, trust_remote_code=trust_remote_code, **kwargs)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Chunked prefill under deterministic inference
 # ---------------------------------------------------------------------------------------------------
@@ -362,37 +346,8 @@ def pd_decode_first_proposal_is_one_hot() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Platform
-# ---------------------------------------------------------------------------------------------------
-
-
-def platform_is_out_of_tree() -> bool:
-    """An out-of-tree hardware platform plugin is active (both releases expose ``current_platform``)."""
-    try:
-        from sglang.srt.platforms import current_platform
-    except ImportError:  # pragma: no cover - both supported releases have it
-        return False
-    probe = getattr(current_platform, "is_out_of_tree", None)
-    return bool(probe()) if callable(probe) else False
-
-
-def torch_is_rocm() -> bool:
-    """ROCm builds of torch report ``device == "cuda"`` too; this tells them apart."""
-    import torch
-
-    return getattr(torch.version, "hip", None) is not None
-
-
-# ---------------------------------------------------------------------------------------------------
 # Speculative-algorithm interface
 # ---------------------------------------------------------------------------------------------------
-
-
-def builtin_algorithm(name: str) -> Any:
-    """The builtin ``SpeculativeAlgorithm`` member called ``name`` (``"EAGLE"`` / ``"EAGLE3"``)."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    return SpeculativeAlgorithm[name]
 
 
 def enum_interface_methods() -> dict:
@@ -417,7 +372,7 @@ def enum_interface_methods() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Single-layer draft sampling (added by the single-layer worker helper)
+# Draft sampling: the draft CUDA-graph runner's buffers
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -435,19 +390,6 @@ def draft_graph_runner_owns_sampling_buffers() -> bool:
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EagleDraftInputBuffers
 
     return "sampling_seed" in {f.name for f in dataclasses.fields(EagleDraftInputBuffers)}
-
-
-def draft_proposal_probs(next_token_logits: Any, temperatures: Any) -> Any:
-    """Draft q = ``torch.softmax(logits / T)``, the same on every release and every batch size.
-
-    That is what 0.5.17 - 0.5.21's ``sample_draft_proposal`` computes, and what 0.5.22+'s
-    ``spec_utils.sampling_softmax`` computes everywhere except on SM 10.3 GPUs, where it switches to FlashInfer's
-    softmax for batches of 1 - 64 rows (``cake_kernels.sampling.supports_softmax``): a batch-size dependence the
-    seeded stream must not inherit. Verify receives this very q (the caller hands it on as ``draft_probs``).
-    """
-    import torch
-
-    return torch.softmax(next_token_logits / temperatures, dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -485,110 +427,8 @@ def seeded_race_caps_unit_uniform() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Parallel sampling (n > 1): where the n choices of a prompt are sent
+# Verify attention (the invariant verify's decode-order target attention)
 # ---------------------------------------------------------------------------------------------------
-#
-# Both releases expand ``n`` in ``TokenizerManager._handle_batch_request`` (0.5.17 tokenizer_manager.py:1812-1875,
-# 0.5.23 :2115-2183) the same way: a prefix warm-up per prompt whose ``sampling_params`` is a copy with
-# ``max_new_tokens = 0``, then ``n`` ``copy.copy``s of the prompt's tokenized request, sharing its one
-# ``SamplingParams``. The difference: ``_send_one_request`` is a plain method in 0.5.17 (:1540) and a coroutine in
-# 0.5.23 (:1769). A BEFORE hook runs synchronously before the call in both cases (``HookRegistry``'s wrapper calls the
-# hook, then returns what the original returns: ``None`` or the coroutine), so one hook serves both. The warm-up's
-# rid is ``f"{logical_rid}_{uuid}"`` in 0.5.17 and a bare uuid in 0.5.23, so nothing but the shared
-# ``SamplingParams`` object identifies a prompt's choices on every release.
-
-PARALLEL_SAMPLING_SEND_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager._send_one_request"
-
-
-def parallel_sampling_send_target() -> str:
-    """Dotted path of the method every choice of an ``n > 1`` request passes through (same name 0.5.17 - 0.5.23)."""
-    return PARALLEL_SAMPLING_SEND_TARGET
-
-
-# ---------------------------------------------------------------------------------------------------
-# Retraction: what a rewound request resets, and where its output leaves the scheduler
-# ---------------------------------------------------------------------------------------------------
-#
-# ``Req.reset_for_retract`` (0.5.17 schedule_batch.py:1603, 0.5.23 :2049) keeps ``output_ids``; the scheduler's
-# per-request output step is ``_GenerationStreamAccumulator.accept(self, *, req)`` in
-# ``managers/scheduler_components/output_streamer.py`` on every supported release (0.5.17 :362, 0.5.21 :417,
-# 0.5.23 :444): it advances ``send_token_offset`` / ``send_decode_id_offset`` / ``send_output_token_logprobs_offset``
-# to the current lengths, so it must not run while a rewound request is shorter than what it sent.
-
-RETRACTION_RESET_TARGET = "sglang.srt.managers.schedule_batch.Req.reset_for_retract"
-RETRACTION_ACCEPT_TARGET = (
-    "sglang.srt.managers.scheduler_components.output_streamer._GenerationStreamAccumulator.accept"
-)
-
-#: A field whose fresh value depends on the request (``[]`` when it asked for logprobs / a sampling mask, else
-#: ``None``): a list is emptied, anything else kept.
-KEEP_UNLESS_LIST = object()
-
-#: Per holder (``"req"`` the ``Req``, ``"logprob"`` its ``ReqLogprob``), every field a request fills as it emits
-#: tokens, with the value ``Req.__init__`` gives it (0.5.17 - 0.5.23; a field absent on the installed release is
-#: skipped). ``tests/unit/test_retraction_replay.py`` checks the values against a fresh ``Req`` of the installed
-#: release and that no other output-named field exists there.
-PER_OUTPUT_REQ_FIELDS = {
-    "req": {
-        # speculative statistics (meta_info spec_verify_ct, accept length, histograms)
-        "spec_verify_ct": 0,
-        "spec_num_correct_drafts": 0,
-        "spec_num_block_accept_tokens": 0,
-        "spec_num_cap_tokens": 0,
-        "spec_correct_drafts_histogram": [],
-        "spec_cap_lens_histogram": [],
-        # reasoning-token counting (update_reasoning_tokens runs per output token)
-        "reasoning_tokens": 0,
-        "_is_reasoning_over": False,
-        "_think_end_matcher": None,
-        "_think_end_match_len": 0,
-        "_think_start_match_len": 0,
-        # the incremental-detokenization window (init_incremental_detokenize rebuilds it when these are None)
-        "surr_offset": None,
-        "read_offset": None,
-        "finished_len": None,
-        # per-token payloads
-        "hidden_states": [],
-        "hidden_states_tensor": None,
-        "output_token_sampling_mask": KEEP_UNLESS_LIST,
-        "output_token_sampling_logprobs": KEEP_UNLESS_LIST,
-        "output_topk_p": None,
-        "output_topk_index": None,
-        "output_dsa_topk_indices": None,
-        "customized_info": None,
-    },
-    "logprob": {
-        "output_token_logprobs_val": KEEP_UNLESS_LIST,
-        "output_token_logprobs_idx": KEEP_UNLESS_LIST,
-        "output_top_logprobs_val": KEEP_UNLESS_LIST,
-        "output_top_logprobs_idx": KEEP_UNLESS_LIST,
-        "output_token_ids_logprobs_val": KEEP_UNLESS_LIST,
-        "output_token_ids_logprobs_idx": KEEP_UNLESS_LIST,
-    },
-}
-
-
-def retraction_replay_targets() -> Tuple[str, str]:
-    """Dotted paths of ``Req.reset_for_retract`` and the scheduler's per-request output step (same names
-    0.5.17 - 0.5.23)."""
-    return RETRACTION_RESET_TARGET, RETRACTION_ACCEPT_TARGET
-
-
-def finish_abort(message: str) -> Any:
-    """SGLang's abort finish reason with ``message`` (an internal error: HTTP 500)."""
-    from http import HTTPStatus
-
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-    return FINISH_ABORT(message, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
-
-
-def is_abort(finish_reason: Any) -> bool:
-    """Whether ``finish_reason`` is SGLang's abort (a client disconnect, a timeout, an error), not a length/stop."""
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-    return isinstance(finish_reason, FINISH_ABORT)
-
 
 #: Where upstream's ``create_flashinfer_kv_indices_triton`` lives (moved in 0.5.23); the Triton backend itself
 #: stopped calling it in 0.5.18 (its KV index translator packs the reads), but the kernel is unchanged.

@@ -1,17 +1,33 @@
-"""Triton kernels (torch + triton imports only; no SGLang).
+"""Triton kernels (torch + triton imports only; no SGLang), one op per file, each beside its pure-torch twin in
+:mod:`sglang_detspec.stream`:
 
-``seeded_draft_sample`` is the fused seeded draft sampler (SGLang 0.5.23's draft stream, one pass);
-``truncate_probs_triton`` the deterministic row-local top-k / top-p / min-p truncation.  The batch-invariant
-ops for SGLang's deterministic mode live in their modules (imported from there, not re-exported here):
-``batch_invariant_gemm.matmul`` (a GEMM whose tile follows M but whose reduction does not; its self-check is
-``row_invariance.find_row_variance`` / ``check_weight_rows``) and ``rms_norm.fused_add_rms_norm`` (residual add +
-RMSNorm, one program per row).  Benchmarks choose
-the sampler's launch with ``seeded_draft_sample(..., config=LaunchConfig(...))``; ``launch_options`` is the
-tuned default (``LAUNCH_TABLE``).
+* ``seeded_draft_sample`` (:mod:`.seeded_draft_sample`): the fused seeded draft sampler (SGLang 0.5.23's draft
+  stream, one pass). Benchmarks choose its launch with ``seeded_draft_sample(..., config=LaunchConfig(...))``;
+  ``launch_options`` is the tuned default (``LAUNCH_TABLE``).
+* ``truncate_probs_triton`` (:mod:`.row_truncation`): the deterministic row-local top-k / top-p / min-p truncation.
+* ``coupled_race`` (:mod:`.coupled_race`): SGLang's non-speculative seeded race on log-probabilities, keyed by
+  token id.
+* ``coupled_race_probs`` / ``coupled_verify`` (:mod:`.coupled_race_probs`): the same race on probabilities (the
+  log taken in the kernel), and the speculation-invariant verify built on it.
+
+* ``batch_invariant_matmul`` (:mod:`.batch_invariant_gemm`): the GEMM SGLang's deterministic mode runs on DETSPEC
+  servers; its tile follows M, its reduction over K does not. :mod:`.row_invariance` holds its self-check
+  (``find_row_variance``, ``check_weight_rows``).
+* ``fused_add_rms_norm`` (:mod:`.rms_norm`): residual add + RMSNorm, one program per row.
+
+Shared pieces: :mod:`.hashing` (the key hash), :mod:`.coupled_scoring` (the coupled kernels' exact float64 score),
+:mod:`.launch_checks` (the launch preconditions every wrapper checks).
 Set ``TRITON_INTERPRET=1`` before importing this package to run it on CPU tensors.
 """
 
+from .batch_invariant_gemm import matmul as batch_invariant_matmul
+from .coupled_race import coupled_race
+from .coupled_race_probs import coupled_race_probs, coupled_verify
+from .rms_norm import fused_add_rms_norm
 from .row_truncation import truncate_probs_triton
 from .seeded_draft_sample import INTERPRETED, LAUNCH_TABLE, LaunchConfig, launch_options, seeded_draft_sample
 
-__all__ = ["seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "INTERPRETED", "truncate_probs_triton"]
+__all__ = [
+    "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "INTERPRETED", "truncate_probs_triton",
+    "coupled_race", "coupled_race_probs", "coupled_verify", "batch_invariant_matmul", "fused_add_rms_norm",
+]

@@ -3,8 +3,8 @@
 What it computes (bit for bit): for every row the token ``torch.argmax`` picks from SGLang's float64 scores
 ``g(h_t) + float64(l_t)`` -- ``multinomial_with_seed`` on the plugin's token-id keys; the definition, its two
 release / device variants (``cap_unit_uniform``, ``uniform``) and the input (float32 ``torch.log`` of the
-probabilities SGLang's sampler races) are in :mod:`sglang_detspec.coupled_reference`, whose
-:func:`~sglang_detspec.coupled_reference.coupled_race_reference` is the CPU twin.  Upstream materialises
+probabilities SGLang's sampler races) are in :mod:`sglang_detspec.stream.coupled_reference`, whose
+:func:`~sglang_detspec.stream.coupled_reference.coupled_race_reference` is the CPU twin.  Upstream materialises
 ``[R, V]`` uint32 hashes and float64 scores (12 bytes per element); this kernel reads ``logprobs`` once and
 allocates ``O(R * V / BLOCK)`` bytes.  The speculation-invariant verify and proposal (issue 18) run this race on
 the target's and on the draft's probabilities with the same keys, taking the log inside the kernel with a cheaper
@@ -58,7 +58,7 @@ graph's private pool under capture).  :mod:`.coupled_race_probs` reads the proba
 ``log`` itself, so neither the verify nor the proposal writes an ``[R, V]`` log-probability temporary (a separate
 ``torch.log`` pass cost 148 us of 488 us and 297 MiB at R = 512, V = 151936 on the H200); that is exact because
 the kernel's ``tl.log`` equals CUDA torch's ``log`` on every non-negative float32 there (measured by
-``scripts/gpu_kernel_checks.py``).  Its helpers below (``_load_logprob``, ``_exact_chunk``, ``_rescore``) take
+``scripts/gpu_kernel_checks.py``).  The exact scoring both kernels share (:mod:`.coupled_scoring`) takes
 ``FROM_PROBS`` for that reason.
 """
 
@@ -70,12 +70,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..coupled_reference import (
-    LOG_U_CAP,
-    UMAX,
-    check_coupled_race_inputs,
-    resolve_uniform,
+from ..stream.coupled_reference import check_coupled_race_inputs, resolve_uniform
+from .coupled_scoring import (
+    ABS_MARGIN,
+    INT32_MAX,
+    REL_MARGIN,
+    exact_chunk_argmax,
+    exponential_f32,
+    load_logprob,
+    rescore_candidates,
 )
+from .hashing import fmix32, mix32, race_row_prefix
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
@@ -84,42 +89,12 @@ from .launch_checks import (
     require_vocab_contiguous,
 )
 
-# The MurmurHash3 block mix and finalizer, from their one definition (the key constants are sglang_detspec.keys')
-from .seeded_draft_sample import _fmix32, _lg2_f32, _mix32
-
-__all__ = ["coupled_race", "exponential_f32", "gumbel_f32", "DEFAULT_BLOCK"]
+__all__ = ["coupled_race", "gumbel_f32", "DEFAULT_BLOCK"]
 
 #: Columns per stage-1 program on a GPU (tests raise or lower it through ``block_size``).
 DEFAULT_BLOCK = 2048
 
-_INT_MAX = tl.constexpr(2147483647)
-_NEG_DBL_MAX = tl.constexpr(-1.7976931348623157e308)  # torch.finfo(float64).min, SGLang's lower clamp of log(u)
-_LOG_U_CAP = tl.constexpr(LOG_U_CAP)  # 0.5.18+'s upper clamp
-_UMAX_F64 = tl.constexpr(float(UMAX))  # exact in float64; Python floats meet float64 tensors as float64 constants
-_RCP_UMAX = tl.constexpr(1.0 / UMAX)  # fl(1 / (2**32 - 1)) = 2**-32 + 2**-64, CUDA torch's multiplier
 _G_HASH_ZERO = tl.constexpr(-709.782712893384)  # g at h = 0: -log(log(DBL_MAX)), float32-rounded in the screen
-_TWO_M32 = tl.constexpr(2.0**-32)
-_NEG_LN2 = tl.constexpr(-0.6931471805599453)  # -ln 2: log u = log2(u) * ln 2
-# Candidate margin (module docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|)
-_ABS_MARGIN = tl.constexpr(2.0**-8)
-_REL_MARGIN = tl.constexpr(2.0**-20)
-_TWO_P64 = tl.constexpr(2.0**64)  # the ratio screen's exact scaling of p
-_LN_TWO_P64 = tl.constexpr(64 * 0.6931471805599453)
-_NEG_REL_MARGIN = tl.constexpr(-(2.0**-20))  # -_REL_MARGIN: the threshold's exponent is built without a unary minus
-_RATIO_SLACK = tl.constexpr(2.0**-20)  # covers the float32 rounding of the threshold m * exp(-delta)
-_P_SCREEN_MAX = tl.constexpr(2.0**16)  # above it (+inf, or not a probability) a chunk is scored exactly
-
-
-@triton.jit
-def _row_prefix(seed_ptr, pos_ptr, row):
-    """Murmur state after the three row-constant words of the UNSALTED key (seed low, high; position)."""
-    seed = tl.load(seed_ptr + row).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64) & 0xFFFFFFFF  # int32 or int64: the two's complement low word
-    h = tl.zeros([], dtype=tl.uint32)
-    h = _mix32(h, (seed & 0xFFFFFFFF).to(tl.uint32))
-    h = _mix32(h, ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32))  # arithmetic shift, masked: the high word
-    h = _mix32(h, pos.to(tl.uint32))
-    return h
 
 
 @triton.jit
@@ -133,93 +108,6 @@ def gumbel_f32(h):
 
 
 @triton.jit
-def exponential_f32(h, FAST: tl.constexpr):
-    """float32 ``E = -log(u)``, ``u = h / (2**32 - 1)``, within relative 2**-13 of it (module docstring); ``h = 0``
-    gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces.
-
-    ``FAST`` (CUDA only, not the interpreter) takes ``log u`` as ``lg2.approx(u) * ln 2``: one MUFU instead of
-    libdevice's ``logf`` polynomial (12 FFMA per element in scripts/sass_counts.py's count).  The bound above
-    already allows ``lg2.approx``'s ``2**-22`` absolute error (``ln 2`` times that in ``log u``, plus the
-    product's rounding, ``2**-24 E``), so the screen's margin and exactness are unchanged;
-    scripts/gpu_kernel_checks.py measures both forms over all 2**32 hashes.
-    """
-    k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
-    # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
-    # the mask keeps the discarded lanes finite (the interpreter evaluates them too)
-    w = (k & 0x7FFFFF).to(tl.float32) * _TWO_M32
-    e_series = tl.maximum(w * (1.0 + w * (0.5 + w * 0.3333333333333333)), _TWO_M32)  # k = 0: the cap's 2**-32
-    u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced by the caller; keep log finite
-    if FAST:
-        e_log = _lg2_f32(u, True) * _NEG_LN2
-    else:
-        e_log = -tl.log(u)
-    return tl.where(k < 0x800000, e_series, e_log)
-
-
-@triton.jit
-def _exact_score_of(lp, h_row, col, CAP: tl.constexpr, RECIP: tl.constexpr):
-    """SGLang's float64 score of the token(s) at column(s) ``col`` with float32 log-probability ``lp``, in its
-    operation order (coupled_reference's module docstring).  Every exact score in this file comes from here."""
-    h = _fmix32(_mix32(h_row, col.to(tl.uint32)))
-    if RECIP:
-        u = h.to(tl.float64) * _RCP_UMAX
-    else:
-        u = h.to(tl.float64) / _UMAX_F64  # IEEE division (float64 fdiv is div.rn)
-    a = tl.log(u)
-    a = tl.where(a < _NEG_DBL_MAX, _NEG_DBL_MAX, a)  # clamp(min=finfo.min): only -inf is below
-    if CAP:
-        a = tl.where(a > _LOG_U_CAP, _LOG_U_CAP, a)
-    g = -tl.log(-a)
-    return g + lp.to(tl.float64)
-
-
-@triton.jit
-def _load_logprob(ptr, mask, FROM_PROBS: tl.constexpr):
-    """The float32 log-probability at ``ptr``: read as given, or ``log`` of the probability stored there.
-
-    ``tl.log`` of float32 on the H200 equals CUDA torch's ``torch.log`` bit for bit on every non-negative float32
-    (and both give NaN below 0), which ``scripts/gpu_kernel_checks.py --only coupled`` measures; masked lanes read
-    probability 0, whose log is the ``-inf`` a masked log-probability lane reads.
-    """
-    if FROM_PROBS:
-        return tl.log(tl.load(ptr, mask=mask, other=0.0))
-    return tl.load(ptr, mask=mask, other=float("-inf"))
-
-
-@triton.jit
-def _exact_chunk(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
-    """Exact float64 argmax of one chunk with torch.argmax semantics: (NaN, first NaN) or (max, first max)."""
-    lp = _load_logprob(row_ptr + offs, valid, FROM_PROBS)
-    s = _exact_score_of(lp, h_row, offs, CAP, RECIP)
-    nan_i = tl.min(tl.where(valid & (s != s), offs, _INT_MAX), 0)
-    sm = tl.where(valid & (s == s), s, float("-inf"))
-    m = tl.max(sm, 0)
-    idx = tl.min(tl.where(valid & (sm == m), offs, _INT_MAX), 0)
-    has_nan = nan_i < _INT_MAX
-    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_i, idx)
-
-
-@triton.jit
-def _rescore(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
-    """The exact float64 argmax over the screen's candidates (at least one), in increasing index order."""
-    n = tl.sum(cand.to(tl.int32), 0)
-    j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
-    res_score = _exact_score_of(_load_logprob(row_ptr + j, True, FROM_PROBS), h_row, j, CAP, RECIP)
-    res_idx = j
-    rest = cand & (offs != j)
-    k = n - 1
-    while k > 0:  # near ties: the other candidates, in increasing index order
-        j2 = tl.min(tl.where(rest, offs, _INT_MAX), 0)
-        rest = rest & (offs != j2)
-        k -= 1
-        s64 = _exact_score_of(_load_logprob(row_ptr + j2, True, FROM_PROBS), h_row, j2, CAP, RECIP)
-        if s64 > res_score:  # strict: the first index of an exact tie stays
-            res_score = s64
-            res_idx = j2
-    return res_score, res_idx
-
-
-@triton.jit
 def _race_stage1(
     lp_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
     CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr,
@@ -227,25 +115,25 @@ def _race_stage1(
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_ptr = lp_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    h_row = race_row_prefix(seed_ptr, pos_ptr, row)
     lo = c * BLOCK
     offs = lo + tl.arange(0, BLOCK)
     valid = offs < V
-    h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
+    h = fmix32(mix32(h_row, offs.to(tl.uint32)))
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
-    lp = _load_logprob(row_ptr + offs, valid, False)
+    lp = load_logprob(row_ptr + offs, valid, False)
     special = valid & ((lp != lp) | (lp == float("inf")))
     if not CAP:
         special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
     if tl.sum(special.to(tl.int32), 0) > 0:
-        res_score, res_idx = _exact_chunk(row_ptr, h_row, offs, valid, CAP, RECIP, False)
+        res_score, res_idx = exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP, RECIP, False)
     else:
         s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
         m = tl.max(s, 0)
         if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
-            cand = s >= m - (_ABS_MARGIN + _REL_MARGIN * tl.abs(m))
-            res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, False)
+            cand = s >= m - (ABS_MARGIN + REL_MARGIN * tl.abs(m))
+            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, False)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 
@@ -255,22 +143,22 @@ def _race_stage2(part_score_ptr, part_idx_ptr, out_ptr, NC, CB: tl.constexpr):
     """One program per row: the first NaN chunk's index, else the first index of the maximum chunk score."""
     row = tl.program_id(0)
     best_s = tl.full([], float("-inf"), tl.float64)
-    best_i = tl.full([], _INT_MAX, tl.int32)
-    nan_i = tl.full([], _INT_MAX, tl.int32)
+    best_i = tl.full([], INT32_MAX, tl.int32)
+    nan_i = tl.full([], INT32_MAX, tl.int32)
     for start in range(0, NC, CB):
         cidx = start + tl.arange(0, CB)
         valid = cidx < NC
         sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
-        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=_INT_MAX)
-        nan_i = tl.minimum(nan_i, tl.min(tl.where(valid & (sc != sc), ix, _INT_MAX), 0))
+        ix = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=INT32_MAX)
+        nan_i = tl.minimum(nan_i, tl.min(tl.where(valid & (sc != sc), ix, INT32_MAX), 0))
         ok = valid & (sc == sc)
         m = tl.max(tl.where(ok, sc, float("-inf")), 0)
-        bi = tl.min(tl.where(ok & (sc == m), ix, _INT_MAX), 0)
+        bi = tl.min(tl.where(ok & (sc == m), ix, INT32_MAX), 0)
         # blocks come in index order: a later block wins only with a strictly larger score (or if none won yet)
-        take = (m > best_s) | (best_i == _INT_MAX)
+        take = (m > best_s) | (best_i == INT32_MAX)
         best_s = tl.where(take, m, best_s)
         best_i = tl.where(take, bi, best_i)
-    tl.store(out_ptr + row, tl.where(nan_i < _INT_MAX, nan_i, best_i).to(tl.int64))
+    tl.store(out_ptr + row, tl.where(nan_i < INT32_MAX, nan_i, best_i).to(tl.int64))
 
 
 def _block_for(vocab: int, block_size: Optional[int]) -> int:
@@ -310,7 +198,7 @@ def coupled_race(
     """
     check_coupled_race_inputs(logprobs, seeds, positions, uniform, float32_only=True)
     require_vocab_contiguous("logprobs", logprobs)
-    require_cuda_or_interpreter(logprobs, "sglang_detspec.coupled_reference.coupled_race_reference")
+    require_cuda_or_interpreter(logprobs, "sglang_detspec.stream.coupled_reference.coupled_race_reference")
     R, V = logprobs.shape
     out = torch.empty(R, dtype=torch.int64, device=logprobs.device)
     if R == 0:

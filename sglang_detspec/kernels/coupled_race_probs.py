@@ -1,7 +1,7 @@
 """Coupled race on probabilities: what the speculation-invariant verify and proposal run (issue 18).
 
 Same answer, bit for bit, as :func:`~sglang_detspec.kernels.coupled_race.coupled_race` of ``torch.log(probs)``
-(SGLang's non-speculative seeded race keyed by token id; definition in :mod:`sglang_detspec.coupled_reference`),
+(SGLang's non-speculative seeded race keyed by token id; definition in :mod:`sglang_detspec.stream.coupled_reference`),
 with the log taken inside the kernel: no ``[R, V]`` temporary.  The float32 ratio screen and its exactness bound
 are :mod:`.coupled_race`'s (module docstring there: ``r = (p * 2**64) / E32``, candidates ``r >= m * exp(-delta)``).
 
@@ -35,21 +35,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..coupled_reference import accept_and_emit, check_coupled_race_inputs, check_verify_inputs, resolve_uniform
-from .coupled_race import (
-    _ABS_MARGIN,
-    _INT_MAX,
-    _LN_TWO_P64,
-    _NEG_REL_MARGIN,
-    _P_SCREEN_MAX,
-    _RATIO_SLACK,
-    _TWO_P64,
-    _exact_chunk,
-    _exact_score_of,
-    _rescore,
-    _row_prefix,
+from ..stream.coupled_reference import accept_and_emit, check_coupled_race_inputs, check_verify_inputs, resolve_uniform
+from .coupled_scoring import (
+    ABS_MARGIN,
+    INT32_MAX,
+    exact_chunk_argmax,
+    exact_score,
     exponential_f32,
+    rescore_candidates,
 )
+from .hashing import fmix32, mix32, race_row_prefix, recip_f32
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
@@ -57,22 +52,23 @@ from .launch_checks import (
     require_launch,
     require_vocab_contiguous,
 )
-from .seeded_draft_sample import _fmix32, _mix32, _recip_f32
 
 __all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "resolve_fast_screen", "LAUNCH_TABLE"]
 
 #: stage-1 partial index codes below 0 (an index >= 0 comes with its exact float64 score)
 _RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
 _LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
+# The ratio screen (coupled_race's docstring has its bound)
+_TWO_P64 = tl.constexpr(2.0**64)  # the ratio screen's exact scaling of p
+_LN_TWO_P64 = tl.constexpr(64 * 0.6931471805599453)
+_NEG_REL_MARGIN = tl.constexpr(-(2.0**-20))  # -REL_MARGIN: the threshold's exponent is built without a unary minus
+_RATIO_SLACK = tl.constexpr(2.0**-20)  # covers the float32 rounding of the threshold m * exp(-delta)
+_P_SCREEN_MAX = tl.constexpr(2.0**16)  # above it (+inf, or not a probability) a chunk is scored exactly
 
-#: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Timed by
-#: ``scripts/bench/bench_verify_schemes.py --coupled-launches 1024x4,2048x8,2048x4,4096x16`` on an H100 (sglang
-#: 0.5.17, 2026-12-05; V = 151,936 and 163,840, proposal and verify rows of B = 1 - 256): from 8 rows up 16 columns
-#: per thread (2048 x 4) was the fastest in all 16 cases, 7-14 % ahead of 8 (2048 x 8; 1024 x 4 within 3 % of it)
-#: and 4096 x 16 last; at 1 - 4 rows 2048 x 8 was the fastest or tied.  The kept repeat with this table
-#: (``--coupled-launches 2048x8,2048x4``, docs/coupled_launches_h100.csv): 2048 x 8 took 1.06-1.15x as long from 8
-#: rows up.  ptxas (sm_90a) gives stage 1 48-56 registers at 8 columns and 80-96 at 16 (Triton 3.6,
-#: ``scripts/sass_counts.py``), no spills: four resident programs of four warps per SM were enough.
+#: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Timed on an
+#: H100 with ``scripts/bench/bench_verify_schemes.py --coupled-launches``: 16 columns per thread (2048 x 4) was the
+#: fastest from 8 rows up, 2048 x 8 at 1 - 4 rows; no register spills at either width.  The timings and register
+#: counts: ``docs/kernels.md``.
 LAUNCH_TABLE: Tuple[Tuple[float, Tuple[int, int]], ...] = ((4.0, (2048, 8)), (float("inf"), (2048, 4)))
 #: Chunks per row at most: stage 2 reads a row's partials as one vector (V = 163,840 is 160 chunks at 1024 columns).
 MAX_CHUNKS = 4096
@@ -117,7 +113,7 @@ def ratio_f32(p, h, FAST: tl.constexpr):
     so the reciprocal and the product of a probability ``<= 2**16`` are normal floats.  Public so that
     scripts/gpu_kernel_checks.py measures this very expression."""
     if FAST:
-        r = (p * _TWO_P64) * _recip_f32(exponential_f32(h, True), True)
+        r = (p * _TWO_P64) * recip_f32(exponential_f32(h, True), True)
     else:
         r = (p * _TWO_P64) / exponential_f32(h, False)
     return tl.where(h != 0, r, 0.0)
@@ -133,7 +129,7 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         p = tl.load(row_ptr + offs, mask=valid, other=0.0)
     else:
         p = tl.load(row_ptr + offs)
-    h = _fmix32(_mix32(h_row, offs.to(tl.uint32)))
+    h = fmix32(mix32(h_row, offs.to(tl.uint32)))
     # not (0 <= p <= 2**16) is NaN, negative (log NaN), +inf or not a probability: the screen cannot judge it
     unjudged = ~((p >= 0.0) & (p <= _P_SCREEN_MAX))
     if not CAP:
@@ -150,12 +146,12 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         res_idx = _RESCAN
     elif m > 0.0:
         s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
-        neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - _ABS_MARGIN - _RATIO_SLACK
+        neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - ABS_MARGIN - _RATIO_SLACK
         cand = r >= m * tl.exp(neg_delta)
         if tl.sum(cand.to(tl.int32), 0) == 1:
-            res_idx = _LONE - tl.min(tl.where(cand, offs, _INT_MAX), 0)
+            res_idx = _LONE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
         else:
-            res_score, res_idx = _rescore(row_ptr, h_row, offs, cand, CAP, RECIP, True)
+            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, True)
     elif tl.max(p, 0) > 0.0:
         # positive probabilities whose ratios are all 0: each sits on hash 0, whose exact score is finite
         res_idx = _RESCAN
@@ -171,7 +167,7 @@ def _probs_stage1(
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    h_row = race_row_prefix(seed_ptr, pos_ptr, row)
     lo = c * BLOCK
     if lo + BLOCK <= V:  # only the last chunk of a row is partial: the others skip the masks
         res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK, FAST)
@@ -190,7 +186,7 @@ def _probs_stage2(
     then the first NaN index, else the first index of the maximum."""
     row = tl.program_id(0)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    h_row = race_row_prefix(seed_ptr, pos_ptr, row)
     cidx = tl.arange(0, NC_POW2)
     live = cidx < NC
     score = tl.load(part_score_ptr + row * NC + cidx, mask=live, other=float("-inf"))
@@ -198,27 +194,27 @@ def _probs_stage2(
     lone = live & (code <= _LONE)
     j = tl.where(lone, _LONE - code, 0)
     lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
-    score = tl.where(lone, _exact_score_of(lp, h_row, j, CAP, RECIP), score)
+    score = tl.where(lone, exact_score(lp, h_row, j, CAP, RECIP), score)
     rescan = live & (code == _RESCAN)
     # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their first-index maximum.
     ok = live & ~rescan
     best = tl.max(tl.where(ok, score, float("-inf")), 0)
-    best_idx = tl.min(tl.where(ok & (score == best), tl.where(lone, j, code), _INT_MAX), 0)
-    nan_idx = tl.full([], _INT_MAX, tl.int32)
+    best_idx = tl.min(tl.where(ok & (score == best), tl.where(lone, j, code), INT32_MAX), 0)
+    nan_idx = tl.full([], INT32_MAX, tl.int32)
     n = tl.sum(rescan.to(tl.int32), 0)
     while n > 0:  # rare: chunks the screen could not judge, exactly, in chunk order
-        c = tl.min(tl.where(rescan, cidx, _INT_MAX), 0)
+        c = tl.min(tl.where(rescan, cidx, INT32_MAX), 0)
         rescan = rescan & (cidx != c)
         n -= 1
         offs = c * BLOCK + tl.arange(0, BLOCK)
-        s, i = _exact_chunk(row_ptr, h_row, offs, offs < V, CAP, RECIP, True)
+        s, i = exact_chunk_argmax(row_ptr, h_row, offs, offs < V, CAP, RECIP, True)
         if s != s:
             nan_idx = i
             n = 0  # only rescanned chunks hold NaN scores, and they come in index order: this is the first
         elif (s > best) | ((s == best) & (i < best_idx)):
             best = s
             best_idx = i
-    tl.store(out_ptr + row, tl.where(nan_idx < _INT_MAX, nan_idx, best_idx).to(tl.int64))
+    tl.store(out_ptr + row, tl.where(nan_idx < INT32_MAX, nan_idx, best_idx).to(tl.int64))
 
 
 def coupled_race_probs(
@@ -239,20 +235,20 @@ def coupled_race_probs(
         probs: ``[R, V]`` float32, contiguous in the vocab dimension (a strided row view is read in place).
         seeds, positions, cap_unit_uniform, uniform: as :func:`~sglang_detspec.kernels.coupled_race.coupled_race`.
         block_size, num_warps: columns and warps per stage-1 program (default :func:`race_launch`'s).
-        fast_screen: the screen's ``log u`` by ``lg2.approx`` (:func:`~.coupled_race.exponential_f32`) and its
+        fast_screen: the screen's ``log u`` by ``lg2.approx`` (:func:`~.coupled_scoring.exponential_f32`) and its
             division by ``rcp.approx`` (:func:`ratio_f32`); the same tokens either way, since the screen's bound
             allows both.  Default: on CUDA, off under the
             interpreter, which cannot run PTX (``True`` there raises ``ValueError``).
 
     Exact where the kernel's float32 ``log`` is CUDA torch's (module docstring).  Under the Triton interpreter (CPU
     tests) the kernel's ``log`` is numpy's, which differs from CPU torch's in the last bit for a few percent of
-    inputs: the CPU twin is then :func:`~sglang_detspec.coupled_reference.coupled_race_reference` of
+    inputs: the CPU twin is then :func:`~sglang_detspec.stream.coupled_reference.coupled_race_reference` of
     ``numpy.log(probs)``.  Degenerate rows as there: all zero gives token 0, a NaN or negative probability the first
     such index, ``+inf`` the first ``+inf``.  CUDA-graph caveats: module docstring.
     """
     check_coupled_race_inputs(probs, seeds, positions, uniform, float32_only=True)
     require_vocab_contiguous("probs", probs)
-    require_cuda_or_interpreter(probs, "sglang_detspec.coupled_reference.coupled_race_reference")
+    require_cuda_or_interpreter(probs, "sglang_detspec.stream.coupled_reference.coupled_race_reference")
     fast = resolve_fast_screen(fast_screen)
     R, V = probs.shape
     out = torch.empty(R, dtype=torch.int64, device=probs.device)
@@ -285,7 +281,7 @@ def coupled_verify(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The coupled verify on the kernel: ``(accepted_len int64 [B], emitted int64 [B, S+1])``.
 
-    Same contract as :func:`sglang_detspec.coupled_reference.coupled_verify_reference` (``target_probs``
+    Same contract as :func:`sglang_detspec.stream.coupled_reference.coupled_verify_reference` (``target_probs``
     ``[B, S+1, V]`` float32, ``draft_tokens`` ``[B, S]``, ``seeds`` ``[B]``, ``positions`` ``[B, S+1]``);
     ``race_options`` go to :func:`coupled_race_probs`.  Emitted entries past ``accepted_len + 1`` are -1.
     """

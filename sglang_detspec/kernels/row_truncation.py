@@ -1,6 +1,6 @@
 """Deterministic, row-local top-k / top-p / min-p truncation of probabilities (one Triton program per row).
 
-What it computes (bit for bit the same as :func:`sglang_detspec.reference.truncate_probs_reference`, whose
+What it computes (bit for bit the same as :func:`sglang_detspec.stream.reference.truncate_probs_reference`, whose
 comment block states the rules once): each row that needs truncation (``top_k < V or top_p < 1 or
 min_p > 0``) keeps a prefix of its elements in the order "value descending, lower index first", cut by
 ``rank < top_k``, by the exact int64 fixed-point prefix mass ``E_i <= int64(top_p * 2**60)`` and by
@@ -52,7 +52,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..truncation_contract import TRUNCATION_FIXED_POINT_BITS, truncation_out_is_input, validate_truncation_inputs
+from ..stream.truncation_contract import (
+    TRUNCATION_FIXED_POINT_BITS,
+    truncation_out_is_input,
+    validate_truncation_inputs,
+)
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_launch, require_vocab_contiguous
 
 __all__ = ["truncate_probs_triton", "INTERPRETED"]
@@ -303,8 +307,8 @@ def _validate(probs, top_ks, top_ps, min_ps, renormalize, out) -> None:
     require_vocab_contiguous("out", out)
     require_cuda_or_interpreter(
         probs,
-        "sglang_detspec.reference.truncate_probs_reference "
-        "(or sglang_detspec.integration.truncation.truncate_probs)",
+        "sglang_detspec.stream.reference.truncate_probs_reference "
+        "(or sglang_detspec.integration.sampling.truncation.truncate_probs)",
     )
 
 

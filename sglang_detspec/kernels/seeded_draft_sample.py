@@ -2,7 +2,7 @@
 
 What it computes (bit-for-bit): for every row the FIRST index of the maximum of the float64 scores
 ``p_t / -log((h_t + 0.5) / 2**32)``, ``h_t`` the MurmurHash3 of the salted draft key (layout and
-reasons in :mod:`sglang_detspec.keys`), then ``(probs.gather(1, idx), idx)``.  Upstream materialises
+reasons in :mod:`sglang_detspec.stream.keys`), then ``(probs.gather(1, idx), idx)``.  Upstream materialises
 ``[B, V]`` uint32 hashes and ``[B, V]`` float64 scores (12 bytes per element, 241 MiB at B=128,
 V=163840); this kernel reads ``probs`` once and allocates ``O(B * V / BLOCK)`` bytes.
 
@@ -68,26 +68,8 @@ Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot 
 ``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
 compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
 
-Measured (H200, CUDA-graph replay, V=163840, B=128; ``scripts/bench/bench_kernel_variants.py``, 2026-12-02)
----------------------------------------------------------------------------------------------------
-Nsight Compute on the previous version (40.2 us): the ALU pipe (16 lanes per SM sub-partition: LOP3, SHF,
-SEL, ISETP, FMNMX, FSETP, LEA) 82% busy, the FMA pipe 25%, DRAM 46%; ~44 SASS instructions per element.
-Choosing the series by ``lg > L`` instead of ``h >= 0xFF800000`` (that predicate was spilled bit by bit:
-SEL + IADD3 + LOP3 per element) and forming its bits with one LOP3 cut the hot block from 978 to 880
-instructions (ALU 446 -> 388 per 32 elements): 41.99 -> 38.58 us at B=128, 77.0 -> 71.9 at B=256 (same
-run).  Tried and measured slower or no better, then removed (2026-12-02): the finalizer's shifts as
-``umulhi`` on the FMA pipe (ALU 65% but longer dependency stalls: 39.2-40.5 us); an L2 prefetch of the
-tile before the hash (38.9); a float candidate indicator ``sat(s*K - thr'*K)`` with float sums for the
-count and the lone index, the rare branches re-reading ``p`` (with those shifts: 46.9, latency-bound at
-1.0 eligible warps per scheduler); a loop-over-chunks stage 1 with cp.async pipelining at the resident
-grid (49-54); 2048-column blocks with a 96-register cap (41.3).  Earlier: a stripped stage 1 located the
-time: reading ``probs`` 20.5 us (the copy-bandwidth floor), + hash 20.9, + float32 race 32.7, + candidate
-pass 38.6, + one serial float64 score per program 41.0.  Paths that lost and were removed then: the first
-float32 ``E2`` (split at ``u = 1/2``, 4-term series, bound 2**-16, margin 2**-11; 46.0 us against 44.5 for
-the next ``E2`` with the folded finalizer); the float64 score of a lone candidate in stage 1 (44.3 us; 42.5
-with it in stage 2); a packed candidate sum (57.4); stage 2 folded into stage 1 behind an atomic per-row
-arrival counter (no gain); several tiles per program with the next tile's load issued first (5-15%
-slower).  Register caps (``maxnreg``) and 2048-column blocks were within 2% at B=128.
+Performance: where the time goes (a profile of stage 1), and the variants that were measured and lost, are in
+``docs/kernels.md``.
 
 CUDA graphs: capturable.  All inputs are read from device memory at replay time (update seeds,
 positions and ``greedy`` in place between replays); ``draft_step`` and the shapes are baked into
@@ -104,8 +86,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import keys
-from ..draft_contract import check_kernel_inputs
+from ..stream.draft_contract import check_kernel_inputs
+from .hashing import draft_row_prefix, fmix32, lg2_f32, mix32, recip_f32
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
@@ -120,16 +102,6 @@ __all__ = [
 ]
 
 _INT_MAX = tl.constexpr(2147483647)
-# The key layout's constants, from their one definition (sglang_detspec.keys): the salt is added as its two
-# 32-bit halves (explicit carry), the Murmur multipliers and the finalizer's length word as written there.
-_SALT_LO = tl.constexpr(keys.DRAFT_SEED_SALT_LO)
-_SALT_HI = tl.constexpr(keys.DRAFT_SEED_SALT_HI)
-_MURMUR_C1 = tl.constexpr(keys.MURMUR_C1)
-_MURMUR_C2 = tl.constexpr(keys.MURMUR_C2)
-_MURMUR_N = tl.constexpr(keys.MURMUR_N)
-_MURMUR_F1 = tl.constexpr(keys.MURMUR_F1)
-_MURMUR_F2 = tl.constexpr(keys.MURMUR_F2)
-_KEY_LENGTH_BYTES = tl.constexpr(keys.KEY_LENGTH_BYTES)
 # Chunk partial index codes (stage 1 -> stage 2): >= 0 resolved (index, exact score); -1 low chunk (score = an
 # exact upper bound, rescanned only if it can win); -2 rescan exactly; <= _UNSCORED: the lone candidate
 # _UNSCORED - idx, whose exact score stage 2 computes; _NO_CHUNK pads the stage-2 vector past NC.
@@ -141,53 +113,6 @@ _LOW_SCORE = tl.constexpr(2.0**-80)
 # Relative candidate margin: the float32 error bound is d = 2**-12.7 (measured 2**-14.6), and
 # (1-d)(1-e)/((1+e)(1+d)) > 1 - 2**-11.6 stays above the threshold (module docstring).
 _CAND_REL = tl.constexpr(1.0 - 2.0**-10)
-
-
-@triton.jit
-def _mix32(h, k):
-    # MurmurHash3 x86_32 block mix on uint32 tensors (wrapping multiplies, logical shifts).
-    k = k * _MURMUR_C1
-    k = (k << 15) | (k >> 17)
-    k = k * _MURMUR_C2
-    h = h ^ k
-    h = (h << 13) | (h >> 19)
-    return h * 5 + _MURMUR_N
-
-
-@triton.jit
-def _fmix32(h):
-    # MurmurHash3 finalizer.  The key length in bytes (16) is xored in first; since (h ^ 16) >> 16 == h >> 16,
-    # h ^ 16 ^ (h >> 16) is the same value in one three-input logic op instead of two dependent ones.
-    h = h ^ (h >> 16) ^ _KEY_LENGTH_BYTES
-    h = h * _MURMUR_F1
-    h = h ^ (h >> 13)
-    h = h * _MURMUR_F2
-    return h ^ (h >> 16)
-
-
-@triton.jit
-def _row_prefix(seed_ptr, pos_ptr, row):
-    """Murmur state after the three row-constant words (salted seed lo, hi; position)."""
-    seed = tl.load(seed_ptr + row).to(tl.int64)
-    # seed + keys.DRAFT_SEED_SALT with int64 wrap-around, done on 32-bit halves with an explicit carry so that no
-    # intermediate overflows (the interpreter's NumPy scalars would warn; the arithmetic is the same).
-    lo = (seed & 0xFFFFFFFF) + _SALT_LO
-    hi = ((seed >> 32) & 0xFFFFFFFF) + _SALT_HI + (lo >> 32)
-    pos = tl.load(pos_ptr + row).to(tl.int64) & 0xFFFFFFFF  # int32 or int64; two's complement low word
-    h = tl.zeros([], dtype=tl.uint32)
-    h = _mix32(h, (lo & 0xFFFFFFFF).to(tl.uint32))
-    h = _mix32(h, (hi & 0xFFFFFFFF).to(tl.uint32))
-    h = _mix32(h, pos.to(tl.uint32))
-    return h
-
-
-@triton.jit
-def _lg2_f32(x, FAST: tl.constexpr):
-    if FAST:
-        lg = tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        lg = tl.log2(x)
-    return lg
 
 
 # float32 just above log2(1 - 2**-9) + 2**-22: lg2.approx(u) exceeds it only if h >= 0xFF800000 (lg2.approx is
@@ -205,7 +130,7 @@ def neg_log2_u_f32(h, FAST: tl.constexpr):
     which measures its error over all 2**32 hashes on the GPU.
     """
     u = h.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
-    lg = _lg2_f32(u, FAST)
+    lg = lg2_f32(u, FAST)
     if FAST:
         # one LOP3: 2**23 + ~h wherever the series is selected below (it implies ~h < 2**23); other lanes get
         # garbage that the select discards
@@ -223,20 +148,10 @@ def neg_log2_u_f32(h, FAST: tl.constexpr):
 
 
 @triton.jit
-def _recip_f32(x, FAST: tl.constexpr):
-    if FAST:
-        # rcp.approx: <= 1 ulp; x is a normal float in [2**-33.6, 33] here (no range fix-ups needed)
-        r = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        r = 1.0 / x
-    return r
-
-
-@triton.jit
 def race_score_f32(p, h, FAST: tl.constexpr):
     """Stage 1's float32 race score ``p * (1 / E2(h))`` of probability ``p`` and hash ``h`` (public, like
     :func:`neg_log2_u_f32`, so that the GPU checks measure this very expression)."""
-    return p * _recip_f32(neg_log2_u_f32(h, FAST), FAST)
+    return p * recip_f32(neg_log2_u_f32(h, FAST), FAST)
 
 
 @triton.jit
@@ -249,7 +164,7 @@ def _exact_score_of(p, h_row, col):
     """Upstream's float64 score ``(1 / -log((h + 0.5) / 2**32)) * p`` of the token(s) at key column(s)
     ``col`` (scalar or vector; every exact score in this file goes through here, so equal inputs give
     bit-equal scores whichever stage computes them)."""
-    h = _fmix32(_mix32(h_row, col.to(tl.uint32)))
+    h = fmix32(mix32(h_row, col.to(tl.uint32)))
     u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # both steps exact in float64
     r = 1.0 / (-tl.log(u))
     return r * p.to(tl.float64)
@@ -293,7 +208,7 @@ def _tile_scores(row_ptr, lo, V, h_row, col_base, greedy, MASKED: tl.constexpr, 
     if greedy:
         s = p
     else:
-        h = _fmix32(_mix32(h_row, (col_base + offs).to(tl.uint32)))
+        h = fmix32(mix32(h_row, (col_base + offs).to(tl.uint32)))
         s = race_score_f32(p, h, FAST)
     if MASKED:
         s = tl.where(mask, s, float("-inf"))
@@ -399,7 +314,7 @@ def _stage1_kernel(
     row = tl.program_id(0)
     c = tl.program_id(1)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    h_row = draft_row_prefix(seed_ptr, pos_ptr, row)
     if HAS_GREEDY:
         greedy = tl.load(greedy_ptr + row) != 0
     else:
@@ -438,7 +353,7 @@ def _stage2_kernel(
     write idx and p."""
     row = tl.program_id(0)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
-    h_row = _row_prefix(seed_ptr, pos_ptr, row)
+    h_row = draft_row_prefix(seed_ptr, pos_ptr, row)
     cidx = tl.arange(0, NC_POW2)
     valid = cidx < NC
     sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
@@ -544,7 +459,7 @@ def seeded_draft_sample(
     """
     check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy)
     require_vocab_contiguous("probs", probs, row_view="draft_probs[:bs, step]")
-    require_cuda_or_interpreter(probs, "sglang_detspec.reference.seeded_draft_sample")
+    require_cuda_or_interpreter(probs, "sglang_detspec.stream.reference.seeded_draft_sample")
     return _launch(probs, sampling_seed, positions, int(draft_step), greedy, config, block_size, num_warps)
 
 

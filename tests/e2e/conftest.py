@@ -6,14 +6,11 @@ of the session. Tests ask for a ready server with ``e2e_pool.ready(name)``.
 """
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import e2e_harness  # noqa: E402
+import e2e_harness
 
 
 def pytest_configure(config):
@@ -34,7 +31,7 @@ def tiny_models():
     reason = e2e_harness.e2e_skip_reason()
     if reason:
         pytest.skip(reason)
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     return ensure_tiny_models(Path(root) if root else None, pair=e2e_harness.tiny_pair())

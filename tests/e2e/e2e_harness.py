@@ -32,6 +32,15 @@ from typing import Dict, List, Optional, Sequence
 # The server process and its HTTP helpers live in the package (bench-serve and the GPU scripts use them too);
 # re-exported here under the names the tests use. Standard library only, like this harness.
 from sglang_detspec import server_process
+from sglang_detspec.models.tiny_servers import (  # noqa: F401 (re-exported)
+    CONTEXT_LENGTH,
+    CUDA_GRAPH_MAX_BS,
+    GRAPHS_OFF,
+    SPEC_SHAPE,
+    common_args,
+    eagle_args,
+    tiny_pair,
+)
 from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
     GPU_SKIP_REASON,
     RUN_HINT,
@@ -44,15 +53,6 @@ from sglang_detspec.server_process import (  # noqa: F401 (re-exported)
     sglang_version,
     version_tuple,
 )
-from sglang_detspec.tiny_servers import (  # noqa: F401 (re-exported)
-    CONTEXT_LENGTH,
-    CUDA_GRAPH_MAX_BS,
-    GRAPHS_OFF,
-    SPEC_SHAPE,
-    common_args,
-    eagle_args,
-    tiny_pair,
-)
 
 # tests/conftest.py's GPU_SKIP_REASON is the same wording: every GPU test skips with it on CPU (a test module cannot
 # import conftest: pytest loads each conftest.py as the module "conftest" in turn).
@@ -64,6 +64,40 @@ from sglang_detspec.tiny_servers import (  # noqa: F401 (re-exported)
 def e2e_skip_reason() -> Optional[str]:
     """Why the E2E tests cannot run here, or None (:func:`sglang_detspec.server_process.launch_skip_reason`)."""
     return server_process.launch_skip_reason()
+
+
+# ---------------------------------------------------------------------------------------------
+# What every E2E module starts and ends with
+
+
+def register_cuda_ci(*args, **kwargs):
+    """SGLang's CI marker (``sglang.test.ci.ci_register.register_cuda_ci``), a no-op where SGLang is missing.
+
+    Each E2E module calls it once at module level with constant arguments: SGLang's CI tooling reads that call by
+    AST (``tests/e2e/test_e2e_registration.py`` checks it does), so the call itself must stay in every module.
+    """
+    try:
+        from sglang.test.ci.ci_register import register_cuda_ci as register
+    except ImportError:  # sglang not installed: the marker is a runtime no-op anyway
+        return None
+    return register(*args, **kwargs)
+
+
+def module_marks(*servers: str) -> list:
+    """An E2E module's ``pytestmark``: ``gpu``, the skip where no E2E run is possible (:func:`e2e_skip_reason`'s
+    reason), and an ``e2e_server`` mark for each server configuration the whole module uses."""
+    import pytest
+
+    skip = e2e_skip_reason()
+    return [pytest.mark.gpu, pytest.mark.skipif(skip is not None, reason=skip or ""),
+            *[pytest.mark.e2e_server(name) for name in servers]]
+
+
+def run_module(path: str) -> None:
+    """``python tests/e2e/test_e2e_<name>.py`` runs that module under pytest, verbose (how SGLang's CI runs a file)."""
+    import pytest
+
+    sys.exit(pytest.main([path, "-v", "-s"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,7 +237,7 @@ def multi_layer_args(models, pair: str) -> List[str]:
     """Draft flags for multi-layer EAGLE: ``pair``'s tiny MiMo-V2-style MTP draft (built beside ``models`` on first
     use, weights only for the weighted pair) and the flags it needs (``tiny_models.MTP_SERVER_FLAGS``:
     ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size -1``)."""
-    from sglang_detspec.tiny_models import MTP_SERVER_FLAGS, ensure_mtp_draft
+    from sglang_detspec.models.mtp_draft import MTP_SERVER_FLAGS, ensure_mtp_draft
 
     draft = ensure_mtp_draft(Path(models.target).parent.parent, pair=pair)  # the cache root of ``models``
     flags = [part for flag, values in MTP_SERVER_FLAGS for part in (flag, *values)]
@@ -245,7 +279,7 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
     graphs on and off, with a second draft (``tiny_models.ensure_second_eagle_draft``: the pair's recipe, another
     seed) and on multi-layer EAGLE (the pair's MTP draft, per-step draft-extend graphs on and off), and
     DETSPEC_EAGLE's rejection sampling as the control that must differ from the reference."""
-    from sglang_detspec.tiny_models import ensure_second_eagle_draft
+    from sglang_detspec.models.second_eagle_draft import ensure_second_eagle_draft
 
     draft2 = ensure_second_eagle_draft(Path(models.target).parent.parent)  # the cache root of ``models``
     invariant = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + INVARIANT_ARGS

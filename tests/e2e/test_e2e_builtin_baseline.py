@@ -7,24 +7,15 @@
   and serves it (its unique count is recorded).
 """
 
-import sys
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
 
-_SKIP = h.e2e_skip_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
+pytestmark = h.module_marks()
 
 SEED = 1234
 
@@ -52,4 +43,4 @@ def test_builtin_eagle_rejection_sampling_with_deterministic_flag(e2e_pool):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

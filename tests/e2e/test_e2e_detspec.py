@@ -5,24 +5,12 @@ The determinism tests themselves (DETSPEC_EAGLE / DETSPEC_EAGLE3 under every tra
 with failing controls) are in test_e2e_real_traffic.py.
 """
 
-import sys
-
-import pytest
-
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=30, suite="detspec-e2e")
 
-_SKIP = h.e2e_skip_reason()
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
+pytestmark = h.module_marks()
 
 
 def test_plugin_entry_point_is_installed():
@@ -37,4 +25,4 @@ def test_plugin_entry_point_is_installed():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

@@ -34,7 +34,7 @@ Measurements, each a test that can fail:
 2. Accept length (temperature 1.0 sweep, completion tokens per verify step over all requests): > 1.5 for the
    invariant servers of all three drafts; the control's is recorded beside it. A proposal raced with the wrong key is
    accepted only by chance: a CPU simulation of the chain on the tiny pair's float32 reference
-   (``sglang_detspec.tiny_reference``, 4 prompts x 32 tokens, T 1.0) gave 2.08 (pair's draft) and 2.32 (second
+   (``sglang_detspec.models.tiny_reference``, 4 prompts x 32 tokens, T 1.0) gave 2.08 (pair's draft) and 2.32 (second
    draft) with the shared Gumbel noise, 1.14 and 1.13 with independent noise; 1.5 lies between.
 3. ``sglang-detspec check --traffic uniform,mixed --trials 12 --against <reference>`` on ``invariant_graph`` and
    ``invariant_mtp_graph``: one
@@ -43,26 +43,16 @@ Measurements, each a test that can fail:
 """
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=420, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 REFERENCE = "nonspec_token_id"
 #: Multi-layer EAGLE (the pair's 3-layer MTP draft, SGLang's MultiLayerEagleWorkerV2): per-step graphs on / off.
@@ -72,11 +62,7 @@ DRAFT2 = "invariant_draft2"
 CONTROL = "detspec_rs_control"
 SERVERS = (REFERENCE, *INVARIANT, DRAFT2, CONTROL)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in SERVERS],
-]
+pytestmark = h.module_marks(*SERVERS)
 
 N_SEEDS = int(os.environ.get("DETSPEC_INVARIANT_SEEDS", "1000"))
 SEEDS = list(range(1, N_SEEDS + 1))
@@ -397,4 +383,4 @@ def test_control_check_against_the_reference_fails(checks):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

@@ -27,24 +27,14 @@ key, so it may keep its tokens; the extend kernel's last bits differ from the de
 run measures which (``invariant_pressure_noreplay`` in e2e_results.json).
 """
 
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 SEED = h.PRESSURE_PROBE_SEED  # the probe the servers retract on purpose (e2e_harness.RETRACT_PROBE_CONTROL)
 TRIALS = 12
@@ -56,11 +46,7 @@ CONTROL = "detspec_eagle_probe_retract_graph"
 CHECKED = (*INVARIANT, NO_REPLAY, CONTROL)
 SERVERS = (REFERENCE, *CHECKED)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in SERVERS],
-]
+pytestmark = h.module_marks(*SERVERS)
 
 
 def summary(result: dict) -> dict:
@@ -141,4 +127,4 @@ def test_control_rejection_sampling_is_reproducible_but_not_the_reference(checks
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

@@ -1,6 +1,6 @@
 """End to end: DETSPEC_EAGLE on SGLang's multi-layer EAGLE worker (one MTP layer per draft step), under real traffic.
 
-The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.tiny_models``, "multi-layer EAGLE"
+The pair is the tiny target with a MiMo-V2-style MTP draft (``sglang_detspec.models.tiny_models``, "multi-layer EAGLE"
 section: why MiMoV2MTP, ``--enable-multi-layer-eagle``, ``--disable-hybrid-swa-memory``, ``--chunked-prefill-size
 -1``, ``--disable-radix-cache``: DETSPEC refuses the last two's opposites with multi-layer EAGLE). On the weighted
 pair (the default) its three MTP layers have seeded synthetic weights that approximate the target's bigram, so
@@ -16,23 +16,13 @@ which 0.5.17 accepts with multi-layer EAGLE for topk 1, arg_groups/speculative_h
 outputs under uniform traffic. As in test_e2e_real_traffic.py it is not run under the mixed profile.
 """
 
-import sys
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=600, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 SEED = 1234
 TRIALS = 12
@@ -56,13 +46,13 @@ def _fa3_kernels_installed() -> bool:
 
 #: Without FA3 kernels the single-graph server cannot start, and the module fixture would fail every server's tests
 #: with it; it is left out then, and the test below says so instead of passing silently.
-FA3_AVAILABLE = _SKIP is None and _fa3_kernels_installed()
+FA3_AVAILABLE = h.e2e_skip_reason() is None and _fa3_kernels_installed()
 if not FA3_AVAILABLE:
     del CHECKS["detspec_mtp_fa3_graph"]
 #: Same attention backend (triton), CUDA graphs on and off: the same tokens.
 SAME_TOKENS = ("detspec_mtp_graph", "detspec_mtp_nograph")
 ACCEPT_RANGE = (1.5, 3.5)
-#: What sglang_detspec.integration.worker_checks logs once the scheduler has built the DETSPEC worker.
+#: What sglang_detspec.integration.workers.worker_checks logs once the scheduler has built the DETSPEC worker.
 WORKER_LOG_LINE = (
     "sglang-detspec: DETSPEC_EAGLE runs DetspecMultiLayerEagleWorkerV2 with DetspecMultiLayerEagleDraftWorker "
     "and the DETSPEC target sampler."
@@ -81,11 +71,7 @@ RUNNER = {
 }
 RUNNER = {name: capture for name, capture in RUNNER.items() if name in CHECKS}
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in (*CHECKS, "detspec_mtp_radix")],
-]
+pytestmark = h.module_marks(*(*CHECKS, "detspec_mtp_radix"))
 
 DETSPEC = [n for n, (_, rc) in CHECKS.items() if rc == 0]
 CONTROLS = [n for n, (_, rc) in CHECKS.items() if rc == 1]
@@ -171,4 +157,4 @@ def test_single_graph_draft_extend_runner_needs_fa3():
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

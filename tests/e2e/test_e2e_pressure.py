@@ -12,7 +12,7 @@ are recorded as a third witness.
 
 What is asserted: the probe was retracted in some trial on every forced server (otherwise the run is no evidence),
 and on every DETSPEC server every trial -- the probe retracted, only others retracted, or none -- gives the probe
-alone's tokens (``sglang_detspec.integration.retraction``: a retracted DETSPEC request replays from its prompt).
+alone's tokens (``sglang_detspec.integration.setup.retraction``: a retracted DETSPEC request replays from its prompt).
 
 Controls that must fail if the run means anything: DETSPEC without the replay
 (``tests/e2e/controls/no_retraction_replay``) under the same forced retraction changes the probe, first in a trial
@@ -28,19 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 SEED = 1234
 TRIALS = 12
@@ -51,11 +42,7 @@ DETSPEC = PRESSURE + FORCED
 NO_REPLAY = "detspec_noreplay_forced_retract"
 CONTROL = "builtin_eagle_rs_pressure"
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in (*DETSPEC, NO_REPLAY, CONTROL)],
-]
+pytestmark = h.module_marks(*(*DETSPEC, NO_REPLAY, CONTROL))
 
 
 def _check(srv, report_path) -> dict:
@@ -171,4 +158,4 @@ def test_control_builtin_rejection_sampling_changes_under_pressure(checks):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

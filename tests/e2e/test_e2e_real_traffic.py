@@ -1,6 +1,6 @@
 """End to end under real traffic: ``sglang-detspec check --traffic ...`` against real servers on the weighted tiny pair.
 
-The weighted pair (``sglang_detspec.tiny_models``, real seeded weights) rejects part of the drafts, so wrong
+The weighted pair (``sglang_detspec.models.tiny_models``, real seeded weights) rejects part of the drafts, so wrong
 accept / reject decisions, batch-dependent residual samples or renormalisation would show. Every DETSPEC
 configuration -- DETSPEC_EAGLE with CUDA graphs, without them, without overlap scheduling, DETSPEC_EAGLE3 -- must give
 one probe output under every traffic profile of the check tool (uniform, mixed sampling parameters next to it, long
@@ -20,23 +20,13 @@ verify JIT-compile FlashInfer's top-k renorm kernel, which fails on the project'
 SGLang behaviour") -- the liveness problem DETSPEC's row-local verify removes. All checks run concurrently, one per server.
 """
 
-import sys
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=600, suite="detspec-e2e")
-
-_SKIP = h.e2e_skip_reason()
 
 SEED = 1234
 TRIALS = 12
@@ -53,11 +43,7 @@ CHECKS = {
 SAME_TOKENS = ("detspec_eagle_graph", "detspec_eagle_nograph", "detspec_eagle_nooverlap", "detspec_eagle_chunk4096")
 ACCEPT_RANGE = (1.5, 3.5)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""),
-    *[pytest.mark.e2e_server(name) for name in (*CHECKS, "detspec_eagle_chunk64")],
-]
+pytestmark = h.module_marks(*(*CHECKS, "detspec_eagle_chunk64"))
 
 
 @pytest.fixture(scope="module")
@@ -145,4 +131,4 @@ def test_bad_requests_are_refused_and_server_keeps_serving(e2e_pool, checks):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

@@ -20,21 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-try:
-    from sglang.test.ci.ci_register import register_cuda_ci
-except ImportError:  # sglang not installed: the marker is a runtime no-op anyway (read by AST)
-
-    def register_cuda_ci(*args, **kwargs):
-        return None
-
-
 import e2e_harness as h
+from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="detspec-e2e")
 
-_SKIP = h.e2e_skip_reason()
 SERVER = "detspec_eagle_graph"
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or ""), pytest.mark.e2e_server(SERVER)]
+pytestmark = h.module_marks(SERVER)
 
 N = 8
 MAX_NEW_TOKENS = 24
@@ -109,7 +101,7 @@ def rollouts(e2e_pool):
         second, noise_out = again.result(), noise.result()
     timings["grpo_batch_beside_traffic_s"] = time.monotonic() - t0
 
-    from sglang_detspec.choice_seeds import choice_seed
+    from sglang_detspec.stream.choice_seeds import choice_seed
 
     singles_req = [(PROMPTS[i], {**_params(choice_seed(SEEDS[i], j), n=1)}) for i in range(len(PROMPTS)) for j in range(N)]
     t0 = time.monotonic()
@@ -210,4 +202,4 @@ def test_check_with_logprobs_passes(rollouts):
 
 
 if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-v", "-s"]))
+    h.run_module(__file__)

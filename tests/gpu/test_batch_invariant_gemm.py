@@ -1,6 +1,6 @@
 """GPU: the plugin's batch-invariant GEMM and fused RMSNorm are bit-identical row by row for every batch size.
 
-For every weight shape of both benchmark pairs (``sglang_detspec.gemm_bench.PAIRS``: the mid-size pair and the
+For every weight shape of both benchmark pairs (``sglang_detspec.bench.gemm_bench.PAIRS``: the mid-size pair and the
 Llama-3-8B-shaped one, qkv / o / gate_up / down / lm_head and the EAGLE draft's fc with its bias), bfloat16:
 
 * rows of ``matmul(a[:m], w.t())`` equal the first m rows of ``matmul(a, w.t())`` (a of 8192 rows) bit for bit,
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_detspec.gemm_bench import PAIRS
+from sglang_detspec.bench.gemm_bench import PAIRS
 from sglang_detspec.kernels import batch_invariant_gemm as gemm
 from sglang_detspec.kernels.batch_invariant_gemm import launch_plan, matmul
 from sglang_detspec.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_reference

@@ -29,8 +29,8 @@ import sglang.srt.speculative.multi_layer_eagle_worker_v2 as mlw
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-from sglang_detspec.integration import multi_layer as ml
-from sglang_detspec.integration import proposal
+from sglang_detspec.integration.sampling import proposal
+from sglang_detspec.integration.workers import multi_layer as ml
 
 SGLANG_0523 = "sampling_seed" in {
     f.name for f in dataclasses.fields(mlr.MultiLayerEagleDraftExtendInputBuffers)

@@ -10,7 +10,7 @@ replaced by a stand-in that answers each request at once with one token.
 
 The stand-in also records, at ``GET /_fake_scheduler``, every request that reached it carrying a value that the
 real scheduler cannot survive (a token id outside the vocabulary, the measured H100 crash; and the values the
-checks of :mod:`sglang_detspec.integration.request_validation` refuse for that reason), so a test can tell "refused
+checks of :mod:`sglang_detspec.integration.setup.request_validation` refuse for that reason), so a test can tell "refused
 at the door" from "let through to the scheduler". ``--no-validation`` removes the plugin's request checks the way
 the E2E control does (``tests/e2e/controls/no_request_validation``).
 """
@@ -73,7 +73,7 @@ def main() -> None:
     from sglang.srt.parser.template_manager import TemplateManager
     from sglang.srt.server_args import PortArgs, ServerArgs
 
-    from sglang_detspec.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     server_args = ServerArgs(model_path=str(ensure_tiny_models(pair="dummy").target), device="cpu",
                              disable_radix_cache=True)

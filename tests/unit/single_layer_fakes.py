@@ -28,8 +28,8 @@ import torch
 
 from sglang.srt.runtime_context import get_context
 
-from sglang_detspec.integration import proposal as proposal_mod
-from sglang_detspec.integration import single_layer as sl
+from sglang_detspec.integration.sampling import proposal as proposal_mod
+from sglang_detspec.integration.workers import single_layer as sl
 
 V = 48
 HIDDEN = 8
@@ -312,7 +312,7 @@ def replay_batch(si, seq_lens, first_tokens, num_steps, device="cpu"):
 @pytest.fixture
 def spy(monkeypatch):
     """Records keys but draws with the real seeded_draft_proposal (reference on CPU)."""
-    pytest.importorskip("sglang_detspec.reference")
+    pytest.importorskip("sglang_detspec.stream.reference")
     real = proposal_mod.seeded_draft_proposal
     calls = []
 

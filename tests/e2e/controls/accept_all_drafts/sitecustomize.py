@@ -10,7 +10,7 @@ temperature 1 without truncation that is every draft). The kernel then draws the
 expects this server's tokens to be *rejected* (p < 1e-6) against the non-speculative server: it shows the test
 has the power to see a broken verify step.
 
-Where it hooks: :data:`sglang_detspec.integration.verify._EAGLE_SAMPLE_REPLACEMENTS` maps the chain kernel's name to
+Where it hooks: :data:`sglang_detspec.integration.sampling.verify._EAGLE_SAMPLE_REPLACEMENTS` maps the chain kernel's name to
 the factory that builds DETSPEC's stand-in (row-local truncation, then the kernel) from SGLang's kernel. Rebinding
 ``verify._truncate_then_chain`` would not do: the table holds the function object. The table is read when the
 rebound ``eagle_sample`` is built (0.5.23: the kernel is a module global) and at each in-body import of the kernel
@@ -20,7 +20,7 @@ kernel ran, the seeded coins' shape -- is the product's.
 
 import torch
 
-from sglang_detspec.integration import verify
+from sglang_detspec.integration.sampling import verify
 
 _product_chain = verify._EAGLE_SAMPLE_REPLACEMENTS[verify.CHAIN_KERNEL_NAME]
 

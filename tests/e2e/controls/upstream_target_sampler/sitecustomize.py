@@ -8,7 +8,7 @@ expects this server to give *several* probe outputs under mixed traffic: it show
 keying makes harmless really does change a seeded request without it, i.e. that the test can fail.
 """
 
-from sglang_detspec.integration import target_sampler
+from sglang_detspec.integration.sampling import target_sampler
 
 
 def _upstream_rank_keyed(sorted_sampler, probs, top_ks, top_ps, min_ps, need_min_p_sampling, *args, **kwargs):

@@ -1,0 +1,296 @@
+"""The plugin's batch-invariant GEMM and residual RMSNorm, installed into SGLang's deterministic mode.
+
+Why
+---
+``--enable-deterministic-inference`` makes SGLang register batch-invariant kernels for ``aten::mm`` / ``addmm`` /
+``mm.dtype`` (``mm.out`` on 0.5.23) through ``torch.library``; all of them call one function,
+``batch_invariant_ops.matmul_persistent``, a persistent Triton GEMM with one 128 x 128 x 64 tile for every M. A decode
+GEMM of 1 - 32 rows then runs a handful of programs, and its residual RMSNorm falls back to half a dozen unfused
+torch ops. The plugin replaces exactly those two places:
+
+* ``matmul_persistent`` -> :func:`sglang_detspec.kernels.batch_invariant_gemm.matmul` for 2-D bf16 / fp16 operands
+  (the tile is chosen by M, the reduction over K never is); any other call (fp32, fp8, 3-D) keeps SGLang's kernel,
+  decided by dtype and rank only, never by M, so a GEMM's numbers never depend on the batch;
+* ``RMSNorm.forward_cuda`` with a residual in deterministic mode -> the fused row-local
+  :func:`sglang_detspec.kernels.rms_norm.fused_add_rms_norm`, for the plain case (no variance override, no
+  ``cast_x_before_out_mul``, no fp32 residual, no post-residual addition); every other case keeps SGLang's path.
+
+Which servers
+-------------
+``SGLANG_DETSPEC_OPS`` (read when a model runner enables SGLang's batch-invariant mode, i.e. only with
+``--enable-deterministic-inference``): unset or ``auto`` -- the plugin's ops on DETSPEC servers and on the token-id
+reference server (``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1``), so the invariant mode and its reference compute the same
+numbers; ``sglang`` -- SGLang's own ops everywhere; ``all`` -- the plugin's ops on every deterministic server of a
+process with the plugin installed (e.g. to benchmark built-in deterministic EAGLE on them). Anything else is refused.
+
+Start-up self-check
+-------------------
+After the model loads, every distinct weight shape of its linear layers and LM head runs through the installed
+``torch.mm`` at a grid of M (1 - 64 each, every tile boundary +- 1, powers of two) and must give each row bit for bit
+the result it has inside the largest batch; otherwise the server refuses to start, naming the shape, M and row.
+CUDA graphs: both kernels are plain Triton launches, captured like SGLang's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from sglang_detspec.integration.setup.hooks import hook_active, register_once
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ENABLE_HOOK_TARGET",
+    "MATMUL_HOOK_TARGET",
+    "OPS_ENV",
+    "RMS_NORM_HOOK_TARGET",
+    "BatchVarianceError",
+    "around_enable_batch_invariant_mode",
+    "around_matmul_persistent",
+    "around_rms_norm_forward_cuda",
+    "install_batch_invariant_ops",
+    "batch_invariant_ops_hooks_active",
+    "linear_weight_shapes",
+    "ops_choice",
+    "plugin_ops_active",
+    "plugin_ops_wanted",
+    "self_check_gemm",
+]
+
+OPS_ENV = "SGLANG_DETSPEC_OPS"
+OPS_CHOICES = ("auto", "sglang", "all")
+
+# The same dotted paths on every release 0.5.17 - 0.5.23 (checked by the CPU tests on each).
+MATMUL_HOOK_TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
+RMS_NORM_HOOK_TARGET = "sglang.srt.layers.layernorm.RMSNorm.forward_cuda"
+ENABLE_HOOK_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
+
+# The self-check's output budget per shape: M stops where the [M, N] result would pass this many elements, so a wide
+# LM head does not allocate gigabytes at start-up (tests/gpu sweeps M to 8192 on every shape instead).
+SELF_CHECK_MAX_OUTPUT_ELEMENTS = 64 * 1024 * 1024
+SELF_CHECK_MAX_M = 8192
+
+_active = False  # set once a model runner of this process enabled deterministic mode with the plugin's ops
+
+
+class BatchVarianceError(RuntimeError):
+    """A weight shape whose GEMM rows change with the batch size under the installed kernels (refuses start-up)."""
+
+
+def ops_choice(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The value of ``SGLANG_DETSPEC_OPS`` (``auto`` when unset or empty); ``ValueError`` for anything else."""
+    value = (os.environ if environ is None else environ).get(OPS_ENV, "") or "auto"
+    if value not in OPS_CHOICES:
+        raise ValueError(
+            f"{OPS_ENV}={value!r} is not an allowed value: use 'auto' (the plugin's batch-invariant GEMM and RMSNorm "
+            "on DETSPEC servers and the token-id reference server; the default), 'sglang' (SGLang's own "
+            "deterministic kernels everywhere) or 'all' (the plugin's kernels on every deterministic server)."
+        )
+    return value
+
+
+def plugin_ops_wanted(spec_algorithm: Any, token_id_sampler: bool, choice: str) -> bool:
+    """Whether a deterministic model runner of this server should compute with the plugin's kernels."""
+    if choice == "sglang":
+        return False
+    if choice == "all" or token_id_sampler:
+        return True
+    from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
+
+    return isinstance(spec_algorithm, DetspecSpecAlgo)
+
+
+def plugin_ops_active() -> bool:
+    """Whether this process computes ``matmul_persistent`` and residual RMSNorm with the plugin's kernels."""
+    return _active
+
+
+def _set_active(value: bool) -> None:
+    global _active
+    _active = value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two replaced functions
+# ---------------------------------------------------------------------------------------------------------------
+def _gemm_supported(a: Any, b: Any, bias: Any) -> bool:
+    import torch
+
+    return (
+        a.dim() == 2
+        and b.dim() == 2
+        and a.dtype == b.dtype
+        and a.dtype in (torch.bfloat16, torch.float16)
+        and (bias is None or (bias.dim() == 1 and bias.dtype == a.dtype))
+    )
+
+
+def around_matmul_persistent(original: Callable, a: Any, b: Any, bias: Any = None) -> Any:
+    """``HookRegistry`` AROUND hook on SGLang's ``matmul_persistent(a, b, bias=None)`` (every batch-invariant GEMM)."""
+    if _active and _gemm_supported(a, b, bias):
+        from sglang_detspec.kernels.batch_invariant_gemm import matmul
+
+        return matmul(a, b, bias=bias)
+    return original(a, b, bias=bias)
+
+
+def _plain_residual_norm(norm: Any, x: Any, residual: Any, post_residual_addition: Any, extra: Tuple, kw: Dict) -> bool:
+    import torch
+
+    return (
+        residual is not None
+        and post_residual_addition is None
+        and all(v is None for v in extra)
+        and all(v is None for v in kw.values())
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and residual.dtype == x.dtype
+        and x.numel() > 0
+        and getattr(norm, "variance_size_override", None) is None
+        and not getattr(norm, "cast_x_before_out_mul", False)
+        and not getattr(norm, "fp32_residual", False)
+        and getattr(norm, "override_orig_dtype", None) is None
+        and x.shape[-1] == norm.hidden_size
+    )
+
+
+def around_rms_norm_forward_cuda(
+    original: Callable, norm: Any, x: Any, residual: Any = None, post_residual_addition: Any = None, *extra, **kw
+) -> Any:
+    """``HookRegistry`` AROUND hook on ``RMSNorm.forward_cuda``: the plain residual case runs the fused kernel."""
+    if _active and _plain_residual_norm(norm, x, residual, post_residual_addition, extra, kw):
+        from sglang_detspec.kernels.rms_norm import fused_add_rms_norm
+
+        shape = x.shape
+        out, new_residual = fused_add_rms_norm(
+            x.reshape(-1, shape[-1]), residual.reshape(-1, shape[-1]), norm.weight.data, norm.variance_epsilon
+        )
+        return out.reshape(shape), new_residual.reshape(shape)
+    return original(norm, x, residual, post_residual_addition, *extra, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Start-up: choose, install, self-check
+# ---------------------------------------------------------------------------------------------------------------
+def linear_weight_shapes(model: Any) -> List[Tuple[int, int, Any, Any]]:
+    """The distinct ``(K, N, dtype, device)`` of the GEMMs ``model`` runs through ``torch.mm``: every 2-D bf16 / fp16
+    weight of a linear layer (``weight`` is ``[N, K]``, the GEMM is ``x @ weight.t()``) and of the LM head."""
+    import torch
+
+    shapes: List[Tuple[int, int, Any, Any]] = []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        if weight.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        kind = type(module).__name__
+        if "Linear" not in kind and "LMHead" not in kind and not name.endswith("lm_head"):
+            continue
+        key = (int(weight.shape[1]), int(weight.shape[0]), weight.dtype, weight.device)
+        if key not in shapes:
+            shapes.append(key)
+    return shapes
+
+
+def self_check_gemm(
+    shapes: Iterable[Tuple[int, int, Any, Any]],
+    mm: Optional[Callable] = None,
+    max_m: int = SELF_CHECK_MAX_M,
+    max_output_elements: int = SELF_CHECK_MAX_OUTPUT_ELEMENTS,
+    seed: int = 0,
+) -> int:
+    """Raise :class:`BatchVarianceError` unless, for every ``(K, N, dtype, device)``, each row of ``mm(a[:M], w.t())``
+    equals the same row of ``mm(a, w.t())`` bit for bit over the M grid (1 - 64, every launch-table switch +- 1,
+    powers of two, up to ``max_m`` or the output budget); return the number of (shape, M) pairs checked.
+
+    ``mm`` defaults to ``torch.mm``: what the served model really dispatches to, whichever kernels are installed.
+    """
+    import torch
+
+    from sglang_detspec.kernels.row_invariance import config_switch_points, default_m_grid, find_row_variance
+
+    mm = torch.mm if mm is None else mm
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    checked = 0
+    for k, n, dtype, device in shapes:
+        top = max(1, min(max_m, max_output_elements // max(n, 1)))
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+        ms = [m for m in default_m_grid(top, boundaries=config_switch_points(top, k, n, sms)) if m <= top]
+        a = torch.randn(top, k, generator=generator).to(device=device, dtype=dtype)
+        w = (torch.randn(n, k, generator=generator) / k**0.5).to(device=device, dtype=dtype)
+        found = find_row_variance(lambda x, b, bias=None: mm(x, b), a, w.t(), ms=ms)
+        if found is not None:
+            raise BatchVarianceError(
+                f"sglang-detspec: the batch-invariant GEMM is not batch-invariant on weight shape K={k} x N={n} "
+                f"({dtype}): {found.describe()} of {top}. Refusing to serve, since a seeded request's tokens would "
+                f"depend on the batch. Start the server with {OPS_ENV}=sglang (SGLang's own deterministic kernels) "
+                "and report the shape."
+            )
+        checked += len(ms)
+        del a, w
+    return checked
+
+
+def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """``HookRegistry`` AROUND hook on ``ModelRunner.maybe_enable_batch_invariant_mode`` (runs after the weights load,
+    before memory pools and CUDA graphs, for the target and each draft model runner)."""
+    result = original(model_runner, *args, **kwargs)
+    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
+
+    if not is_batch_invariant_mode_enabled():
+        return result
+    from sglang_detspec.integration.setup.token_id_sampler_opt_in import token_id_sampler_requested
+
+    choice = ops_choice()
+    wanted = plugin_ops_wanted(getattr(model_runner, "spec_algorithm", None), token_id_sampler_requested(), choice)
+    if not wanted:
+        if not _active:
+            logger.info("sglang-detspec: %s=%s: SGLang's own batch-invariant kernels run on this server.", OPS_ENV, choice)
+        return result
+    if not batch_invariant_ops_hooks_active():
+        raise RuntimeError(
+            f"sglang-detspec: the batch-invariant op hooks on {MATMUL_HOOK_TARGET} and {RMS_NORM_HOOK_TARGET} are not "
+            f"applied in this process (see the HookRegistry error above); set {OPS_ENV}=sglang to serve on SGLang's own "
+            "deterministic kernels."
+        )
+    _set_active(True)
+    model = getattr(model_runner, "model", None)
+    shapes = linear_weight_shapes(model) if model is not None else []
+    import torch
+
+    checked = self_check_gemm(shapes, max_m=SELF_CHECK_MAX_M)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the check's operands are gone before SGLang sizes the KV pool
+    logger.info(
+        "sglang-detspec: batch-invariant ops (%s=%s): the plugin's GEMM (SGLang's aten::mm / addmm / mm.dtype "
+        "kernels for 2-D bf16/fp16) and fused residual RMSNorm; SGLang's own log_softmax, mean, bmm and RMSNorm "
+        "without residual. Self-check: %d weight shapes of the %s model, %d (shape, M) pairs bit-identical per row.",
+        OPS_ENV,
+        choice,
+        len(shapes),
+        "draft" if getattr(model_runner, "is_draft_worker", False) else "target",
+        checked,
+    )
+    return result
+
+
+def install_batch_invariant_ops() -> List[str]:
+    """Register the three hooks with ``HookRegistry`` (once per process). They do nothing until a deterministic model
+    runner of a selected server enables them (``around_enable_batch_invariant_mode``)."""
+    ops_choice()  # refuse a bad value in every process, before anything loads
+    return [
+        register_once(MATMUL_HOOK_TARGET, around_matmul_persistent, "AROUND"),
+        register_once(RMS_NORM_HOOK_TARGET, around_rms_norm_forward_cuda, "AROUND"),
+        register_once(ENABLE_HOOK_TARGET, around_enable_batch_invariant_mode, "AROUND"),
+    ]
+
+
+def batch_invariant_ops_hooks_active() -> bool:
+    """Whether all three hooks run where they were registered."""
+    return (
+        hook_active(MATMUL_HOOK_TARGET, around_matmul_persistent)
+        and hook_active(RMS_NORM_HOOK_TARGET, around_rms_norm_forward_cuda)
+        and hook_active(ENABLE_HOOK_TARGET, around_enable_batch_invariant_mode)
+    )

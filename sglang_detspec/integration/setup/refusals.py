@@ -1,0 +1,241 @@
+"""Every server argument DETSPEC speculative decoding refuses, and why: one table.
+
+:data:`REFUSALS` maps a key to the flag or situation refused, the reason, and the fix; the server-argument hook
+(:mod:`.server_args`) raises :func:`refuse` of a key, so each message is written here once. README.md's "Flags it
+refuses at startup" explains the same refusals to users; ``tests/unit/integration/setup/test_refusal_table.py`` reads this table and
+that README table and checks that they name the same flags. Standard library only (no SGLang, no torch).
+
+A message reads ``--speculative-algorithm NAME cannot be used with FLAG: WHY. FIX`` (the two
+``--enable-deterministic-inference`` entries say what NAME *requires* instead). ``FLAG``, ``WHY`` and ``FIX`` are
+``str.format`` templates; :func:`refuse` fills them with ``name`` (the DETSPEC algorithm asked for), ``twin`` (its
+builtin EAGLE / EAGLE3 algorithm) and the values the caller passes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple
+
+from sglang_detspec.algorithm_names import DETSPEC_TWINS
+
+__all__ = ["DetspecConfigError", "REFUSALS", "Refusal", "refuse"]
+
+
+class DetspecConfigError(ValueError):
+    """A server argument that DETSPEC speculative decoding refuses (the message names the flag and the fix)."""
+
+
+_CANNOT = "--speculative-algorithm {name} cannot be used with {flag}: {why}. {fix}"
+
+_NVIDIA_ONLY = "the seeded draft sampler is validated on NVIDIA CUDA GPUs only"
+_TRITON_NVIDIA_ONLY = "the seeded draft sampler is a Triton kernel validated on NVIDIA CUDA GPUs only"
+_LINEAR_CHAIN_ONLY = "rejection sampling is implemented for the linear (topk 1) draft chain only"
+_ALIGNMENT = ("under --enable-deterministic-inference SGLang aligns chunked prefill to {tokens} tokens for the "
+              "{backend} prefill backend ({env_var})")
+_ALIGNED_SIZES = ("Pass --chunked-prefill-size a multiple of {step} (e.g. {step} or {step2}), or -1 to turn chunked "
+                  "prefill off; or set {env_var} to a divisor of {chunk}.")
+_DISAGGREGATION_FIX = ("Serve prefill and decode in one server (drop --disaggregation-mode), or use "
+                       "--speculative-algorithm {twin} for disaggregated serving (not reproducible).")
+
+
+class Refusal(NamedTuple):
+    """One refusal: ``flag`` (the flag or situation refused, as the message names it), ``why`` and ``fix``, each a
+    ``str.format`` template; ``form`` is how the three make the message."""
+
+    flag: str
+    why: str
+    fix: str
+    form: str = _CANNOT
+
+
+#: Every refusal, by key. Those run before SGLang resolves anything judge what the user passed; those marked
+#: "(as resolved)" / "(auto-detected)" judge SGLang's resolution.
+REFUSALS: Dict[str, Refusal] = {
+    # --- what the user passed -------------------------------------------------------------------------------------
+    "deterministic_inference": Refusal(
+        "--enable-deterministic-inference",
+        "requests only carry a sampling seed in deterministic mode, and only then are the kernels batch-invariant",
+        "Add --enable-deterministic-inference (or use --speculative-algorithm {twin} for non-reproducible "
+        "speculative sampling).",
+        form="--speculative-algorithm {name} requires {flag}: {why}. {fix}",
+    ),
+    "device": Refusal(
+        "--device {device}",
+        _TRITON_NVIDIA_ONLY,
+        "Run on an NVIDIA GPU with --device cuda (or leave --device unset).",
+    ),
+    "rocm": Refusal("a ROCm build of torch", _NVIDIA_ONLY, "Run on an NVIDIA GPU."),
+    "out_of_tree_platform": Refusal(
+        "an out-of-tree SGLang platform plugin",
+        "such platforms substitute their own speculative workers, which do not seed the draft",
+        "Run on an NVIDIA GPU without SGLANG_PLATFORM plugins.",
+    ),
+    "topk": Refusal(
+        "--speculative-eagle-topk {topk}",
+        _LINEAR_CHAIN_ONLY,
+        "Drop the flag; DETSPEC algorithms default to --speculative-eagle-topk 1.",
+    ),
+    "num_draft_tokens": Refusal(
+        "--speculative-num-draft-tokens {tokens}{given}",
+        "a linear (topk 1) draft chain verifies exactly --speculative-num-steps + 1 tokens (at least 2)",
+        "Leave --speculative-num-draft-tokens unset (it defaults to --speculative-num-steps + 1).",
+    ),
+    "adaptive": Refusal(
+        "--speculative-adaptive",
+        "adaptive speculation picks the draft length from the batch size, so a request's tokens would depend on what "
+        "else is running",
+        "Drop --speculative-adaptive and choose a fixed --speculative-num-steps.",
+    ),
+    "mixed_chunk": Refusal(
+        "--enable-mixed-chunk",
+        "mixed chunked prefill decodes running speculative requests with the plain target sampler whenever a prefill "
+        "is co-scheduled, so a request's tokens would depend on other requests",
+        "Drop --enable-mixed-chunk.",
+    ),
+    # {field}: speculative-accept-threshold-single or -acc
+    "accept_threshold": Refusal(
+        "--{field} {value}",
+        "rejection sampling ignores accept thresholds",
+        "Leave --speculative-accept-threshold-single and --speculative-accept-threshold-acc at 1.0.",
+    ),
+    "token_map": Refusal(
+        "--speculative-token-map {token_map}",
+        "a reduced (hot-token) draft vocabulary differs from the target's, and rejection sampling needs one shared "
+        "vocabulary",
+        "Drop the token map (use the full vocabulary), or use --speculative-algorithm {twin} (not reproducible).",
+    ),
+    "block_verification": Refusal(
+        "--speculative-use-block-verification",
+        "block verification has not been validated with the seeded draft stream",
+        "Drop --speculative-use-block-verification (plain rejection sampling is always on).",
+    ),
+    "watermark": Refusal(
+        "--enable-watermark",
+        "SGLang does not support watermarking together with rejection sampling",
+        "Drop --enable-watermark.",
+    ),
+    "aux_hidden_states": Refusal(
+        "--enable-return-aux-hidden-states",
+        "that flag captures hidden states without a draft and turns speculative decoding off",
+        "Use --speculative-algorithm EAGLE3 to name the capture convention.",
+    ),
+    # 0.5.22+ (compat.pd_decode_first_proposal_is_one_hot)
+    "disaggregation_one_hot_first_draft": Refusal(
+        "--disaggregation-mode {mode}",
+        "the decode server proposes the draft token handed over by the prefill server with probability one "
+        "(pd_first_draft_proposal): its first verify accepts it with probability p(x) instead of min(1, p(x) / q(x)), "
+        "so a seed gives other tokens than co-located serving",
+        _DISAGGREGATION_FIX,
+    ),
+    # 0.5.17 - 0.5.21
+    "disaggregation_no_draft_probs": Refusal(
+        "--disaggregation-mode {mode}",
+        "the draft state the prefill server hands over carries no draft probabilities "
+        "(build_eagle_disagg_draft_input sets no draft_probs), so the decode server's first rejection-sampling step "
+        "has no proposal distribution",
+        _DISAGGREGATION_FIX,
+    ),
+    "simulated_acceptance": Refusal(
+        "SGLANG_SIMULATE_ACC_LEN={simulate}",
+        "simulated acceptance, a benchmarking knob, overwrites the verify's accept decisions with draws from the "
+        "global RNG, so a request's tokens would depend on what else is running",
+        "Unset SGLANG_SIMULATE_ACC_LEN (or set it <= 0), or use --speculative-algorithm {twin} for acceptance-length "
+        "simulations.",
+    ),
+    "attn_tp_input_scattered": Refusal(
+        "--enable-attn-tp-input-scattered",
+        "SGLang turns input scattering off for EAGLE3 by comparing the algorithm name to 'EAGLE3' at model build "
+        "time, which the DETSPEC_EAGLE3 name would slip past",
+        "Drop --enable-attn-tp-input-scattered.",
+    ),
+    "draft_vocab": Refusal(
+        "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
+        "rejection sampling needs the draft and target distributions over one vocabulary (reduced EAGLE-3 draft "
+        "vocabularies are not supported yet)",
+        "Use a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
+    ),
+    # --- what SGLang resolved ---------------------------------------------------------------------------------------
+    "resolved_algorithm": Refusal(
+        "this draft (SGLang resolved the algorithm to {algorithm})",
+        "SGLang serves it with a different speculative algorithm (e.g. a Gemma-4 assistant draft becomes "
+        "FROZEN_KV_MTP), which has no rejection sampling",
+        "Use --speculative-algorithm {twin} for this draft.",
+    ),
+    "resolved_deterministic_inference": Refusal(
+        "--enable-deterministic-inference",
+        "it resolved to off",
+        "Add --enable-deterministic-inference.",
+        form="--speculative-algorithm {name} requires {flag} ({why}). {fix}",
+    ),
+    "resolved_device": Refusal(
+        "--device {device} (auto-detected)",
+        _TRITON_NVIDIA_ONLY,
+        "Run on a machine with an NVIDIA GPU (--device cuda).",
+    ),
+    "resolved_topk": Refusal(
+        "--speculative-eagle-topk {topk} (as resolved)",
+        _LINEAR_CHAIN_ONLY,
+        "Pass --speculative-eagle-topk 1.",
+    ),
+    "resolved_chain_length": Refusal(
+        "--speculative-num-steps {steps} / --speculative-num-draft-tokens {tokens} (as resolved)",
+        "a linear draft chain verifies exactly steps + 1 tokens",
+        "Pass --speculative-num-draft-tokens equal to --speculative-num-steps + 1.",
+    ),
+    "resolved_adaptive": Refusal(
+        "--speculative-adaptive (as resolved)",
+        "adaptive speculation makes a request's draft length depend on the batch size",
+        "Drop --speculative-adaptive.",
+    ),
+    "no_draft_model": Refusal(
+        "no --speculative-draft-model-path",
+        "the draft worker needs a draft checkpoint",
+        "Pass --speculative-draft-model-path (for a checkpoint that carries its own MTP/NEXTN layer, the target "
+        "path).",
+    ),
+    # {chunk_setting}: the size as given ("4096 (resolved to 2048 per DP-attention rank, 2 ranks)") or chosen by SGLang
+    "chunked_prefill_multi_layer": Refusal(
+        "--chunked-prefill-size {chunk_setting} and multi-layer EAGLE",
+        "the multi-layer draft worker shifts each prefill chunk's tokens by one and appends the target's sampled token "
+        "even where the prompt continues in the next chunk (upstream TODO 'same chunked-prefill chain divergence as "
+        "PR #26329', fixed for the single-layer worker only), so the draft KV, hence the draft tokens, depend on "
+        "where the prompt was cut, which depends on what else was scheduled",
+        "Pass --chunked-prefill-size -1 (multi-layer EAGLE is on through --enable-multi-layer-eagle or SGLang's "
+        "override for this model).",
+    ),
+    "chunked_prefill_nonpositive_alignment": Refusal(
+        "--chunked-prefill-size {chunk_setting}",
+        _ALIGNMENT + ", and a non-positive alignment fails the first chunked prompt",
+        "Unset {env_var} (or set it to a positive tile size), or pass --chunked-prefill-size -1.",
+    ),
+    "chunked_prefill_below_alignment": Refusal(
+        "--chunked-prefill-size {chunk_setting}",
+        _ALIGNMENT + "; a chunk shorter than that is cut to zero tokens, so the first prompt longer than {chunk} "
+        "tokens is never scheduled and every request queued behind it waits forever",
+        _ALIGNED_SIZES,
+    ),
+    "chunked_prefill_off_alignment": Refusal(
+        "--chunked-prefill-size {chunk_setting}",
+        _ALIGNMENT + "; only a prompt's first chunk is cut to a multiple of it, later chunks are {chunk} tokens long, "
+        "so they start off the alignment (and, for a chunk of twice the alignment or more, at offsets that depend on "
+        "what else was scheduled with the first chunk)",
+        _ALIGNED_SIZES,
+    ),
+    "radix_cache_multi_layer": Refusal(
+        "the radix cache and multi-layer EAGLE",
+        "draft step i's layer reads the prompt shifted by i + 1 tokens (rotate_input_ids per step), so its KV at a "
+        "cached position depends on the i + 1 tokens that followed it in the request that filled the cache, while "
+        "EAGLE's bigram radix keys only guarantee the next one; a prompt that shares a prefix with an earlier, "
+        "different prompt therefore gets other draft proposals, hence other tokens, than the same prompt cold",
+        "Pass --disable-radix-cache (multi-layer EAGLE is on through --enable-multi-layer-eagle or SGLang's override "
+        "for this model), or use single-layer EAGLE, whose cache reuse is reproducible.",
+    ),
+}
+
+
+def refuse(key: str, name: str, **values: Any) -> DetspecConfigError:
+    """The :class:`DetspecConfigError` of refusal ``key`` for the DETSPEC algorithm ``name``, its templates filled
+    with ``values`` (and ``name`` / ``twin``). Raise it: ``raise refuse("topk", name, topk=topk)``."""
+    entry = REFUSALS[key]
+    values = {"name": name, "twin": DETSPEC_TWINS[name], **values}
+    parts = {part: getattr(entry, part).format(**values) for part in ("flag", "why", "fix")}
+    return DetspecConfigError(entry.form.format(name=name, **parts))

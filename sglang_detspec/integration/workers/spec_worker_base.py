@@ -1,0 +1,58 @@
+"""What the single- and multi-layer DETSPEC spec workers do the same way, written once.
+
+Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV2``) with three methods replaced:
+
+* ``__init__``: refuses the verify paths that draw from the global RNG (:mod:`.worker_checks`), runs upstream's body
+  with the DETSPEC draft worker in place of upstream's (the module's :class:`~..upstream_code.ReboundMethods` table
+  resolves the draft worker's module-global name to ours), then finishes the worker: the token-id-keyed target
+  sampler, the class checks and every rebound body built now, so a renamed upstream name fails the launch.
+* ``init_attention_backends``: upstream's, then -- under the coupled scheme -- the target's verify attention in
+  decode order (:mod:`..sampling.verify_attention`). The scheduler builds the target's backends first, then calls
+  this, then captures every CUDA graph: the one moment that switch can be made.
+* ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`). Its coins need no
+  change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
+  ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
+"""
+
+from __future__ import annotations
+
+from sglang_detspec.integration.sampling import scheme
+from sglang_detspec.integration.sampling.verify import rebound_verify
+from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
+from sglang_detspec.integration.upstream_code import ReboundMethods
+from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
+
+__all__ = ["DetspecSpecWorker"]
+
+
+class DetspecSpecWorker:
+    """Put first among a DETSPEC spec worker's bases, before the upstream spec worker it runs
+    (``class W(DetspecSpecWorker, EAGLEWorkerV2)``), and set the three class attributes:
+
+    * ``UPSTREAM_WORKER``: the upstream spec-worker class whose ``__init__`` and ``verify`` bodies run;
+    * ``DRAFT_WORKER``: the DETSPEC draft-worker class upstream's ``__init__`` must build;
+    * ``REBOUND``: the worker module's table of rebound upstream methods (it holds ``UPSTREAM_WORKER.__init__``).
+    """
+
+    UPSTREAM_WORKER: type
+    DRAFT_WORKER: type
+    REBOUND: ReboundMethods
+
+    def __init__(self, *args, **kwargs):
+        refuse_global_rng_verify_paths()
+        # Upstream's body; the draft worker it builds by module-global name is ours.
+        self.REBOUND(self.UPSTREAM_WORKER, "__init__")(self, *args, **kwargs)
+        complete_spec_worker(
+            self,
+            draft_worker_cls=self.DRAFT_WORKER,
+            upstream_owner=self.UPSTREAM_WORKER,
+            build_rebound=[self.REBOUND.build_all],
+        )
+
+    def init_attention_backends(self):
+        super().init_attention_backends()
+        if scheme.current() == scheme.COUPLED:
+            install_decode_order_verify(self.target_worker.model_runner)
+
+    def verify(self, *args, **kwargs):
+        return rebound_verify(self.UPSTREAM_WORKER)(self, *args, **kwargs)

@@ -1,0 +1,124 @@
+"""The exact scoring both coupled-race kernels share: SGLang's float64 race score, and the float32 exponential
+their screens start from.
+
+:mod:`.coupled_race` (log-probabilities in) and :mod:`.coupled_race_probs` (probabilities in, the log taken in the
+kernel) screen a chunk in float32 and re-score only the candidates the screen cannot exclude, exactly, with the
+functions here -- so the two kernels agree bit for bit wherever their inputs do.  The definition of the score (and
+its two release / device variants, ``CAP`` and ``RECIP``) is :mod:`sglang_detspec.stream.coupled_reference`'s; the
+screens' error bound, and so the candidate margin (:data:`ABS_MARGIN`, :data:`REL_MARGIN`), is derived in
+:mod:`.coupled_race`'s docstring.  ``FROM_PROBS``: the row holds probabilities and the float32 ``log`` is taken
+here (exact where the kernel's ``tl.log`` is CUDA torch's, which ``scripts/gpu_kernel_checks.py --only coupled``
+measures).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..stream.coupled_reference import LOG_U_CAP, UMAX
+from .hashing import fmix32, lg2_f32, mix32
+
+__all__ = [
+    "ABS_MARGIN", "INT32_MAX", "REL_MARGIN", "exact_chunk_argmax", "exact_score", "exponential_f32", "load_logprob",
+    "rescore_candidates",
+]
+
+INT32_MAX = tl.constexpr(2147483647)
+#: The candidate margin both screens build their thresholds from (absolute, and relative to the screen maximum;
+#: coupled_race's docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|).
+ABS_MARGIN = tl.constexpr(2.0**-8)
+REL_MARGIN = tl.constexpr(2.0**-20)
+_NEG_DBL_MAX = tl.constexpr(-1.7976931348623157e308)  # torch.finfo(float64).min, SGLang's lower clamp of log(u)
+_LOG_U_CAP = tl.constexpr(LOG_U_CAP)  # 0.5.18+'s upper clamp
+_UMAX_F64 = tl.constexpr(float(UMAX))  # exact in float64; Python floats meet float64 tensors as float64 constants
+_RCP_UMAX = tl.constexpr(1.0 / UMAX)  # fl(1 / (2**32 - 1)) = 2**-32 + 2**-64, CUDA torch's multiplier
+_TWO_M32 = tl.constexpr(2.0**-32)
+_NEG_LN2 = tl.constexpr(-0.6931471805599453)  # -ln 2: log u = log2(u) * ln 2
+
+
+@triton.jit
+def exponential_f32(h, FAST: tl.constexpr):
+    """float32 ``E = -log(u)``, ``u = h / (2**32 - 1)``, within relative 2**-13 of it (:mod:`.coupled_race`'s docstring has the bound); ``h = 0``
+    gets a finite stand-in (``u`` clamped to ``2**-32``) that every caller replaces.
+
+    ``FAST`` (CUDA only, not the interpreter) takes ``log u`` as ``lg2.approx(u) * ln 2``: one MUFU instead of
+    libdevice's ``logf`` polynomial (12 FFMA per element in scripts/sass_counts.py's count).  The bound above
+    already allows ``lg2.approx``'s ``2**-22`` absolute error (``ln 2`` times that in ``log u``, plus the
+    product's rounding, ``2**-24 E``), so the screen's margin and exactness are unchanged;
+    scripts/gpu_kernel_checks.py measures both forms over all 2**32 hashes.
+    """
+    k = h ^ 0xFFFFFFFF  # 2**32 - 1 - h
+    # near u = 1: E = -log(1 - w) by its series in w = k / (2**32 - 1) ~ k * 2**-32 (exact for k < 2**23);
+    # the mask keeps the discarded lanes finite (the interpreter evaluates them too)
+    w = (k & 0x7FFFFF).to(tl.float32) * _TWO_M32
+    e_series = tl.maximum(w * (1.0 + w * (0.5 + w * 0.3333333333333333)), _TWO_M32)  # k = 0: the cap's 2**-32
+    u = tl.maximum(h.to(tl.float32) * _TWO_M32, _TWO_M32)  # h = 0 is replaced by the caller; keep log finite
+    if FAST:
+        e_log = lg2_f32(u, True) * _NEG_LN2
+    else:
+        e_log = -tl.log(u)
+    return tl.where(k < 0x800000, e_series, e_log)
+
+
+@triton.jit
+def exact_score(lp, h_row, col, CAP: tl.constexpr, RECIP: tl.constexpr):
+    """SGLang's float64 score of the token(s) at column(s) ``col`` with float32 log-probability ``lp``, in its
+    operation order (coupled_reference's module docstring).  Every exact score of both coupled kernels comes from here."""
+    h = fmix32(mix32(h_row, col.to(tl.uint32)))
+    if RECIP:
+        u = h.to(tl.float64) * _RCP_UMAX
+    else:
+        u = h.to(tl.float64) / _UMAX_F64  # IEEE division (float64 fdiv is div.rn)
+    a = tl.log(u)
+    a = tl.where(a < _NEG_DBL_MAX, _NEG_DBL_MAX, a)  # clamp(min=finfo.min): only -inf is below
+    if CAP:
+        a = tl.where(a > _LOG_U_CAP, _LOG_U_CAP, a)
+    g = -tl.log(-a)
+    return g + lp.to(tl.float64)
+
+
+@triton.jit
+def load_logprob(ptr, mask, FROM_PROBS: tl.constexpr):
+    """The float32 log-probability at ``ptr``: read as given, or ``log`` of the probability stored there.
+
+    ``tl.log`` of float32 on the H200 equals CUDA torch's ``torch.log`` bit for bit on every non-negative float32
+    (and both give NaN below 0), which ``scripts/gpu_kernel_checks.py --only coupled`` measures; masked lanes read
+    probability 0, whose log is the ``-inf`` a masked log-probability lane reads.
+    """
+    if FROM_PROBS:
+        return tl.log(tl.load(ptr, mask=mask, other=0.0))
+    return tl.load(ptr, mask=mask, other=float("-inf"))
+
+
+@triton.jit
+def exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
+    """Exact float64 argmax of one chunk with torch.argmax semantics: (NaN, first NaN) or (max, first max)."""
+    lp = load_logprob(row_ptr + offs, valid, FROM_PROBS)
+    s = exact_score(lp, h_row, offs, CAP, RECIP)
+    nan_i = tl.min(tl.where(valid & (s != s), offs, INT32_MAX), 0)
+    sm = tl.where(valid & (s == s), s, float("-inf"))
+    m = tl.max(sm, 0)
+    idx = tl.min(tl.where(valid & (sm == m), offs, INT32_MAX), 0)
+    has_nan = nan_i < INT32_MAX
+    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_i, idx)
+
+
+@triton.jit
+def rescore_candidates(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
+    """The exact float64 argmax over the screen's candidates (at least one), in increasing index order."""
+    n = tl.sum(cand.to(tl.int32), 0)
+    j = tl.min(tl.where(cand, offs, INT32_MAX), 0)
+    res_score = exact_score(load_logprob(row_ptr + j, True, FROM_PROBS), h_row, j, CAP, RECIP)
+    res_idx = j
+    rest = cand & (offs != j)
+    k = n - 1
+    while k > 0:  # near ties: the other candidates, in increasing index order
+        j2 = tl.min(tl.where(rest, offs, INT32_MAX), 0)
+        rest = rest & (offs != j2)
+        k -= 1
+        s64 = exact_score(load_logprob(row_ptr + j2, True, FROM_PROBS), h_row, j2, CAP, RECIP)
+        if s64 > res_score:  # strict: the first index of an exact tie stays
+            res_score = s64
+            res_idx = j2
+    return res_score, res_idx

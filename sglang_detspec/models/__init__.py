@@ -1,0 +1,14 @@
+"""Model directories the tests, the GPU scripts and ``bench-serve`` serve: built offline, deterministically, from
+code (no download, no training run), and the arguments to serve them with.
+
+* :mod:`.tiny_models`  the two tiny target/draft pairs (``dummy`` and ``weighted``), built from :mod:`.tiny_config`
+  (their shapes), :mod:`.tiny_tokenizer` (their tokenizer) and :mod:`.model_cache` (the cache and atomic builds);
+* :mod:`.mtp_draft`, :mod:`.second_eagle_draft` the extra drafts for the same target (multi-layer, another seed);
+* :mod:`.tiny_weights` the weighted pair's seeded synthetic bf16 weights;
+* :mod:`.tiny_reference` a float32 CPU forward of the weighted pair (its exact distributions, accept lengths);
+* :mod:`.midsize_models` a mid-size real-vocabulary pair for the serving benchmark;
+* :mod:`.tiny_servers` the ``sglang.launch_server`` arguments to serve the tiny pairs with.
+
+Standard library only at import, except :mod:`.tiny_weights` (numpy) and :mod:`.tiny_reference` (torch): the others
+import numpy / torch / tokenizers when they build something, so the CLI and the E2E harness stay light.
+"""
