@@ -73,17 +73,19 @@ def find_row_variance(matmul_fn: Callable, a: torch.Tensor, b: torch.Tensor, bia
 
 
 def check_weight_rows(weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *, max_m: int,
-                      ms: Optional[Sequence[int]] = None, seed: int = 0) -> Optional[RowVariance]:
+                      ms: Optional[Sequence[int]] = None, seed: int = 0,
+                      matmul_fn: Optional[Callable] = None) -> Optional[RowVariance]:
     """The start-up self-check for one served weight ``[N, K]`` (``F.linear``'s layout, passed as ``weight.t()``):
-    :func:`find_row_variance` of the plugin's ``matmul`` on ``max_m`` random rows of the weight's dtype, over
-    ``ms`` (default: :func:`default_m_grid` with every launch switch up to ``max_m``).  It costs about
+    :func:`find_row_variance` of ``matmul_fn`` (default: the plugin's ``matmul``; the server passes the installed
+    ``torch.mm``, i.e. whatever its deterministic mode dispatches to) on ``max_m`` random rows of the weight's
+    dtype, over ``ms`` (default: :func:`default_m_grid` with every launch switch up to ``max_m``).  It costs about
     ``sum(ms) * 2 * K * N`` FLOP plus one weight read per m: keep ``max_m`` to the largest batch served."""
     n, k = weight.shape
     g = torch.Generator(device=weight.device).manual_seed(seed)
     a = torch.randn(max_m, k, generator=g, device=weight.device).to(weight.dtype)
     if ms is None:
         ms = default_m_grid(max_m, boundaries=config_switch_points(max_m, k, n, gemm._num_sms(weight.device)))
-    return find_row_variance(gemm.matmul, a, weight.t(), bias, ms)
+    return find_row_variance(matmul_fn or gemm.matmul, a, weight.t(), bias, ms)
 
 
 def default_m_grid(max_m: int, *, dense_up_to: int = 64, boundaries: Sequence[int] = ()) -> List[int]:

@@ -52,7 +52,7 @@ __all__ = [
     "around_rms_norm_forward_cuda",
     "install_batch_invariant_ops",
     "batch_invariant_ops_hooks_active",
-    "linear_weight_shapes",
+    "linear_weights",
     "ops_choice",
     "plugin_ops_active",
     "plugin_ops_wanted",
@@ -173,12 +173,12 @@ def around_rms_norm_forward_cuda(
 # ---------------------------------------------------------------------------------------------------------------
 # Start-up: choose, install, self-check
 # ---------------------------------------------------------------------------------------------------------------
-def linear_weight_shapes(model: Any) -> List[Tuple[int, int, Any, Any]]:
-    """The distinct ``(K, N, dtype, device)`` of the GEMMs ``model`` runs through ``torch.mm``: every 2-D bf16 / fp16
-    weight of a linear layer (``weight`` is ``[N, K]``, the GEMM is ``x @ weight.t()``) and of the LM head."""
+def linear_weights(model: Any) -> List[Any]:
+    """One weight per distinct ``(K, N, dtype, device)`` among the GEMMs ``model`` runs through ``torch.mm``: the 2-D
+    bf16 / fp16 weights of its linear layers (``weight`` is ``[N, K]``, the GEMM is ``x @ weight.t()``) and LM head."""
     import torch
 
-    shapes: List[Tuple[int, int, Any, Any]] = []
+    seen, weights = set(), []
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
@@ -189,47 +189,45 @@ def linear_weight_shapes(model: Any) -> List[Tuple[int, int, Any, Any]]:
         if "Linear" not in kind and "LMHead" not in kind and not name.endswith("lm_head"):
             continue
         key = (int(weight.shape[1]), int(weight.shape[0]), weight.dtype, weight.device)
-        if key not in shapes:
-            shapes.append(key)
-    return shapes
+        if key not in seen:
+            seen.add(key)
+            weights.append(weight.detach())
+    return weights
 
 
 def self_check_gemm(
-    shapes: Iterable[Tuple[int, int, Any, Any]],
+    weights: Iterable[Any],
     mm: Optional[Callable] = None,
     max_m: int = SELF_CHECK_MAX_M,
     max_output_elements: int = SELF_CHECK_MAX_OUTPUT_ELEMENTS,
-    seed: int = 0,
 ) -> int:
-    """Raise :class:`BatchVarianceError` unless, for every ``(K, N, dtype, device)``, each row of ``mm(a[:M], w.t())``
+    """Raise :class:`BatchVarianceError` unless, for every served weight ``[N, K]``, each row of ``mm(a[:M], w.t())``
     equals the same row of ``mm(a, w.t())`` bit for bit over the M grid (1 - 64, every launch-table switch +- 1,
-    powers of two, up to ``max_m`` or the output budget); return the number of (shape, M) pairs checked.
+    powers of two, up to ``max_m`` or the output budget); return the number of (weight, M) pairs checked.
 
     ``mm`` defaults to ``torch.mm``: what the served model really dispatches to, whichever kernels are installed.
     """
     import torch
 
-    from sglang_detspec.kernels.row_invariance import config_switch_points, default_m_grid, find_row_variance
+    from sglang_detspec.kernels import batch_invariant_gemm
+    from sglang_detspec.kernels.row_invariance import check_weight_rows, config_switch_points, default_m_grid
 
     mm = torch.mm if mm is None else mm
-    generator = torch.Generator(device="cpu").manual_seed(seed)
     checked = 0
-    for k, n, dtype, device in shapes:
+    for weight in weights:
+        n, k = weight.shape
         top = max(1, min(max_m, max_output_elements // max(n, 1)))
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-        ms = [m for m in default_m_grid(top, boundaries=config_switch_points(top, k, n, sms)) if m <= top]
-        a = torch.randn(top, k, generator=generator).to(device=device, dtype=dtype)
-        w = (torch.randn(n, k, generator=generator) / k**0.5).to(device=device, dtype=dtype)
-        found = find_row_variance(lambda x, b, bias=None: mm(x, b), a, w.t(), ms=ms)
+        sms = batch_invariant_gemm._num_sms(weight.device)
+        ms = default_m_grid(top, boundaries=config_switch_points(top, k, n, sms))
+        found = check_weight_rows(weight, max_m=top, ms=ms, matmul_fn=lambda x, b, bias=None: mm(x, b))
         if found is not None:
             raise BatchVarianceError(
                 f"sglang-detspec: the batch-invariant GEMM is not batch-invariant on weight shape K={k} x N={n} "
-                f"({dtype}): {found.describe()} of {top}. Refusing to serve, since a seeded request's tokens would "
-                f"depend on the batch. Start the server with {OPS_ENV}=sglang (SGLang's own deterministic kernels) "
-                "and report the shape."
+                f"({weight.dtype}): {found.describe()} of {top}. Refusing to serve, since a seeded request's tokens "
+                f"would depend on the batch. Start the server with {OPS_ENV}=sglang (SGLang's own deterministic "
+                "kernels) and report the shape."
             )
         checked += len(ms)
-        del a, w
     return checked
 
 
@@ -257,10 +255,10 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
         )
     _set_active(True)
     model = getattr(model_runner, "model", None)
-    shapes = linear_weight_shapes(model) if model is not None else []
+    weights = linear_weights(model) if model is not None else []
     import torch
 
-    checked = self_check_gemm(shapes, max_m=SELF_CHECK_MAX_M)
+    checked = self_check_gemm(weights, max_m=SELF_CHECK_MAX_M)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the check's operands are gone before SGLang sizes the KV pool
     logger.info(
@@ -269,7 +267,7 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
         "without residual. Self-check: %d weight shapes of the %s model, %d (shape, M) pairs bit-identical per row.",
         OPS_ENV,
         choice,
-        len(shapes),
+        len(weights),
         "draft" if getattr(model_runner, "is_draft_worker", False) else "target",
         checked,
     )

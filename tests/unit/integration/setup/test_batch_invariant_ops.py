@@ -178,10 +178,11 @@ class _Model(torch.nn.Module):
         self.norm = torch.nn.LayerNorm(32)
 
 
-def test_linear_weight_shapes_lists_each_gemm_once():
+def test_linear_weights_lists_each_gemm_shape_once():
     model = _Model()
-    shapes = bio.linear_weight_shapes(model)
-    assert shapes == [(32, 48, torch.bfloat16, torch.device("cpu"))]
+    model.proj2 = type(model.proj)(32, 48, bias=False, params_dtype=torch.bfloat16)  # the same shape again
+    weights = bio.linear_weights(model)
+    assert len(weights) == 1 and weights[0].shape == (48, 32) and weights[0].dtype == torch.bfloat16
 
 
 def _runner(spec_algorithm, model):
@@ -235,8 +236,8 @@ def test_enable_hook_does_nothing_outside_deterministic_mode(hooks_applied):
 
 
 def test_self_check_passes_the_plugin_gemm():
-    shapes = [(96, 48, torch.bfloat16, torch.device("cpu")), (64, 16, torch.bfloat16, torch.device("cpu"))]
-    assert bio.self_check_gemm(shapes, mm=matmul, max_m=20) > 0
+    weights = [_operands(k=96, n=48)[1], _operands(k=64, n=16)[1]]
+    assert bio.self_check_gemm(weights, mm=matmul, max_m=20) > 0
 
 
 def test_self_check_refuses_a_gemm_whose_reduction_depends_on_m():
@@ -251,6 +252,6 @@ def test_self_check_refuses_a_gemm_whose_reduction_depends_on_m():
             acc = (acc + a[:, k0:k0 + 32].float() @ b[k0:k0 + 32].float()).to(a.dtype).float()
         return acc.to(a.dtype)
 
-    shapes = [(96, 48, torch.bfloat16, torch.device("cpu"))]
+    weights = [_operands(k=96, n=48)[1]]
     with pytest.raises(bio.BatchVarianceError, match=r"weight shape K=96 x N=48 .*SGLANG_DETSPEC_OPS=sglang"):
-        bio.self_check_gemm(shapes, mm=m_dependent, max_m=20)
+        bio.self_check_gemm(weights, mm=m_dependent, max_m=20)
