@@ -80,14 +80,13 @@ class BatchVarianceError(RuntimeError):
 
 
 def ops_choice(environ: Optional[Mapping[str, str]] = None) -> str:
-    """The value of ``SGLANG_DETSPEC_OPS`` (``auto`` when unset or empty); ``ValueError`` for anything else."""
+    """The value of ``SGLANG_DETSPEC_OPS`` (``auto`` when unset or empty); for anything else the ``ops_choice`` refusal
+    (a ``ValueError``)."""
     value = (os.environ if environ is None else environ).get(OPS_ENV, "") or "auto"
     if value not in OPS_CHOICES:
-        raise ValueError(
-            f"{OPS_ENV}={value!r} is not an allowed value: use 'auto' (the plugin's batch-invariant GEMM and RMSNorm "
-            "on DETSPEC servers and the token-id reference server; the default), 'sglang' (SGLang's own "
-            "deterministic kernels everywhere) or 'all' (the plugin's kernels on every deterministic server)."
-        )
+        from sglang_detspec.integration.setup.refusals import refuse
+
+        raise refuse("ops_choice", None, value=value)
     return value
 
 

@@ -13,7 +13,7 @@ builtin EAGLE / EAGLE3 algorithm) and the values the caller passes.
 
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple
+from typing import Any, Dict, NamedTuple, Optional
 
 from sglang_detspec.algorithm_names import DETSPEC_TWINS
 
@@ -229,13 +229,24 @@ REFUSALS: Dict[str, Refusal] = {
         "Pass --disable-radix-cache (multi-layer EAGLE is on through --enable-multi-layer-eagle or SGLang's override "
         "for this model), or use single-layer EAGLE, whose cache reuse is reproducible.",
     ),
+    # --- the environment of any process with the plugin installed (read before any model loads) -----------------
+    "ops_choice": Refusal(
+        "SGLANG_DETSPEC_OPS={value!r}",
+        "it chooses which batch-invariant kernels a deterministic server computes with, and a typo read as a default "
+        "would give a server whose numbers differ from its reference's",
+        "Use 'auto' (the plugin's GEMM and RMSNorm on DETSPEC servers and the token-id reference server; the "
+        "default), 'sglang' (SGLang's own deterministic kernels everywhere) or 'all' (the plugin's kernels on every "
+        "deterministic server).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
 }
 
 
-def refuse(key: str, name: str, **values: Any) -> DetspecConfigError:
-    """The :class:`DetspecConfigError` of refusal ``key`` for the DETSPEC algorithm ``name``, its templates filled
-    with ``values`` (and ``name`` / ``twin``). Raise it: ``raise refuse("topk", name, topk=topk)``."""
+def refuse(key: str, name: Optional[str], **values: Any) -> DetspecConfigError:
+    """The :class:`DetspecConfigError` of refusal ``key`` for the DETSPEC algorithm ``name`` (None for a refusal that
+    names no algorithm), its templates filled with ``values`` (and ``name`` / ``twin``). Raise it:
+    ``raise refuse("topk", name, topk=topk)``."""
     entry = REFUSALS[key]
-    values = {"name": name, "twin": DETSPEC_TWINS[name], **values}
+    values = {"name": name, "twin": DETSPEC_TWINS.get(name), **values}
     parts = {part: getattr(entry, part).format(**values) for part in ("flag", "why", "fix")}
     return DetspecConfigError(entry.form.format(name=name, **parts))
