@@ -22,6 +22,7 @@ Which servers
 reference server (``SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1``), so the invariant mode and its reference compute the same
 numbers; ``sglang`` -- SGLang's own ops everywhere; ``all`` -- the plugin's ops on every deterministic server of a
 process with the plugin installed (e.g. to benchmark built-in deterministic EAGLE on them). Anything else is refused.
+With ``--rl-on-policy-target`` SGLang's own ops always run: their numbers are the ones matched to the trainer's.
 
 Start-up self-check
 -------------------
@@ -230,6 +231,13 @@ def self_check_gemm(
     return checked
 
 
+def _rl_on_policy_target() -> Optional[str]:
+    """``--rl-on-policy-target`` as SGLang's layers read it (the same accessor on 0.5.17 - 0.5.23)."""
+    from sglang.srt.runtime_context import get_exec
+
+    return getattr(get_exec().deterministic, "rl_on_policy_target", None)
+
+
 def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
     """``HookRegistry`` AROUND hook on ``ModelRunner.maybe_enable_batch_invariant_mode`` (runs after the weights load,
     before memory pools and CUDA graphs, for the target and each draft model runner)."""
@@ -242,6 +250,12 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
 
     choice = ops_choice()
     wanted = plugin_ops_wanted(getattr(model_runner, "spec_algorithm", None), token_id_sampler_requested(), choice)
+    rl_target = _rl_on_policy_target()
+    if wanted and rl_target is not None:
+        logger.info(
+            "sglang-detspec: --rl-on-policy-target %s: SGLang's own batch-invariant kernels run on this server (their "
+            "numbers are the ones matched to the trainer's), not the plugin's.", rl_target)
+        wanted = False
     if not wanted:
         if not _active:
             logger.info("sglang-detspec: %s=%s: SGLang's own batch-invariant kernels run on this server.", OPS_ENV, choice)

@@ -189,6 +189,20 @@ def _runner(spec_algorithm, model):
     return types.SimpleNamespace(spec_algorithm=spec_algorithm, model=model, is_draft_worker=False)
 
 
+@pytest.fixture
+def published():
+    """SGLang's runtime config as a scheduler process has it (the hook reads --rl-on-policy-target from it)."""
+    from sglang.srt.runtime_context import publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    def publish_args(**kw):
+        publish(ServerArgs(model_path="dummy", device="cpu", **kw), role="scheduler")
+
+    publish_args()
+    yield publish_args
+    reset_context()
+
+
 def _enable(monkeypatch):
     """What SGLang's enable_batch_invariant_mode does that matters here (the CUDA registration cannot run on CPU)."""
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as sgl
@@ -199,7 +213,7 @@ def _enable(monkeypatch):
     return original
 
 
-def test_enable_hook_activates_the_plugin_ops_and_logs_the_self_check(hooks_applied, monkeypatch, caplog):
+def test_enable_hook_activates_the_plugin_ops_and_logs_the_self_check(hooks_applied, published, monkeypatch, caplog):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     monkeypatch.setattr(bio, "SELF_CHECK_MAX_M", 24)
@@ -212,7 +226,7 @@ def test_enable_hook_activates_the_plugin_ops_and_logs_the_self_check(hooks_appl
     assert "batch-invariant ops (SGLANG_DETSPEC_OPS=auto)" in caplog.text and "1 weight shapes" in caplog.text
 
 
-def test_enable_hook_leaves_sglangs_ops_on_other_servers(hooks_applied, monkeypatch, caplog):
+def test_enable_hook_leaves_sglangs_ops_on_other_servers(hooks_applied, published, monkeypatch, caplog):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     monkeypatch.delenv(bio.OPS_ENV, raising=False)
@@ -225,6 +239,20 @@ def test_enable_hook_leaves_sglangs_ops_on_other_servers(hooks_applied, monkeypa
     bio.around_enable_batch_invariant_mode(_enable(monkeypatch),
                                            _runner(SpeculativeAlgorithm.from_string("DETSPEC_EAGLE"), _Model()))
     assert not bio.plugin_ops_active(), "SGLANG_DETSPEC_OPS=sglang turns the plugin's kernels off"
+
+
+def test_enable_hook_keeps_sglangs_ops_for_an_rl_on_policy_target(hooks_applied, published, monkeypatch, caplog):
+    """--rl-on-policy-target matches SGLang's deterministic numbers to a trainer's: the plugin must not change them."""
+    from sglang.srt.runtime_context import reset_context
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    monkeypatch.delenv(bio.OPS_ENV, raising=False)
+    reset_context()
+    published(rl_on_policy_target="fsdp")
+    caplog.set_level("INFO")
+    bio.around_enable_batch_invariant_mode(_enable(monkeypatch),
+                                           _runner(SpeculativeAlgorithm.from_string("DETSPEC_EAGLE"), _Model()))
+    assert not bio.plugin_ops_active() and "--rl-on-policy-target fsdp" in caplog.text
 
 
 def test_enable_hook_does_nothing_outside_deterministic_mode(hooks_applied):
