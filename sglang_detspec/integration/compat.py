@@ -43,6 +43,11 @@ num_draft_tokens``
 spec fields only in 0.5.23                                                     ``speculative_use_block_verification``,
                                                                                ``enable_watermark``,
                                                                                ``enable_return_aux_hidden_states``
+``/generate`` body schema gate            none (0.5.17 - 0.5.21)               ``api_contract.generate_contract_
+                                                                               error`` (0.5.22+): type errors and
+                                                                               unknown fields get HTTP 400
+                                                                               ``{"error": "<schema text>"}``
+                                                                               before any plugin hook runs
 deterministic chunked-prefill alignment   flashinfer and triton (to 0.5.21);   flashinfer only (0.5.22+), keyed by
 (``Scheduler.truncation_align_size``)     keyed by ``attention_backend``       the prefill backend; a chunk below
                                           (0.5.18+: the prefill backend); a    it raises at scheduler init
@@ -450,3 +455,19 @@ def attention_reads_translated(backend: Any) -> bool:
     if translator is not None:
         return bool(translator.reads_are_translated)
     return getattr(backend, "_translate_kv_loc", None) is not None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Request schema
+# ---------------------------------------------------------------------------------------------------
+
+_GENERATE_CONTRACT_MODULE = "sglang.srt.entrypoints.api_contract"
+
+
+def generate_schema_gate() -> Optional[Any]:
+    """SGLang's own ``/generate`` JSON schema check (0.5.22+), ``body -> error text or None``; None where the release
+    has none. It answers before the plugin's request checks, with its own wording (``invalid type: string "3",
+    expected i64``), so on those releases a type error on ``/generate`` is SGLang's refusal, not the plugin's."""
+    if importlib.util.find_spec(_GENERATE_CONTRACT_MODULE) is None:
+        return None
+    return importlib.import_module(_GENERATE_CONTRACT_MODULE).generate_contract_error

@@ -29,7 +29,9 @@ test_request_validation.py`` checks that it does): ``max_new_tokens`` below 0 or
 / ``top_p`` / ``min_p`` / the penalties out of range or NaN, ``top_k`` below 1, ``logit_bias`` keys outside the
 vocabulary, ``token_ids_logprob`` ids outside it, an empty or over-long text, ``input_ids: []``; in the scheduler,
 ``logprob_start_len`` past the prompt and an invalid ``regex`` / ``json_schema`` / ``ebnf`` (the request is aborted
-with an error, the server stays up).
+with an error, the server stays up). From 0.5.22 SGLang also checks a ``/generate`` body against its JSON schema
+before any hook runs (``compat.generate_schema_gate``): wrong types and unknown fields there get its HTTP 400 and
+wording (``invalid type: string "3", expected i64``); the OpenAI endpoints still reach these checks.
 
 The checks take plain values and duck-typed request objects, so they run without SGLang.
 """

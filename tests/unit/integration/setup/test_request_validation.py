@@ -69,6 +69,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
+from sglang_detspec.integration import compat  # noqa: E402
 from sglang_detspec.integration.setup import request_validation as rv  # noqa: E402
 
 _sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -210,9 +211,20 @@ def test_a_bad_value_is_refused_naming_the_field_and_a_good_one_passes(cpu_serve
     before = cpu_server.record()["requests"]
     status, text = _post(cpu_server.base_url, path, bad)
     assert status == 400, (status, text[:600])
-    message = json.loads(text).get("error", {}).get("message") or json.loads(text).get("message")
-    for word in words:
-        assert word in message, (word, message)
+    answer = json.loads(text)
+    schema_gate = compat.generate_schema_gate() if path == "/generate" else None
+    schema_refusal = None
+    if schema_gate is not None:
+        import orjson  # the server's parser (an integer past 64 bits becomes a float); the gate sees its parse
+
+        schema_refusal = schema_gate(orjson.loads(json.dumps(bad)))
+    if schema_refusal is not None:
+        # 0.5.22+: SGLang's own /generate schema check refuses it before the plugin's hooks run, in its wording.
+        assert answer == {"error": schema_refusal}, answer
+    else:
+        message = answer["error"]["message"] if isinstance(answer.get("error"), dict) else answer.get("message")
+        for word in words:
+            assert word in message, (word, message)
     assert cpu_server.record()["requests"] == before, "a refused request reached the scheduler"
     status, text = _post(cpu_server.base_url, path, good)
     assert status == 200, (status, text[:600])
