@@ -81,12 +81,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models-dir", type=Path, default=None,
                    help="where the mid-size pair is generated and cached (default: $TMPDIR/sglang-detspec-models)")
     p.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for one server (default 420)")
+    p.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                   help="instead of throughput: profile N decode steps of each configuration at each concurrency "
+                        "(CUDA graphs off, SGLang's profiler) and write op_profile.md / .json, the GPU time per step "
+                        "by op category and by GEMM weight shape; --output-len defaults to "
+                        f"max(2048, {PROFILE_TOKENS_PER_STEP} x N) there (default: 0, off)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the settings, every server and bench_serving command and the estimate; run nothing")
 
 
+#: Profile mode's requests generate this many tokens per profiled step at least (``profile_runner`` checks it).
+PROFILE_TOKENS_PER_STEP = 32
+
+
 def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
     values = dict(_configs.QUICK) if args.quick else {}
+    steps = getattr(args, "profile_steps", 0) or 0
+    if steps < 0:
+        raise ValueError(f"--profile-steps must be >= 0 (0: measure throughput), got {steps}")
+    if steps and args.output_len is None:
+        values["output_len"] = max(2048, PROFILE_TOKENS_PER_STEP * steps)
     for name in ("configs", "concurrencies", "prompts_per_concurrency", "input_len", "output_len", "temperature",
                  "seed", "breakdown_concurrency", "repetitions", "min_seconds"):
         if getattr(args, name) is not None:
@@ -131,7 +145,7 @@ def shape_from_args(args: argparse.Namespace):
                         intermediate=(hidden * 11 // 4 + 255) // 256 * 256, vocab=vocab)
 
 
-def dry_run_text(settings: _configs.BenchSettings, shape, out: Path) -> str:
+def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_steps: int = 0) -> str:
     import shlex
 
     from sglang_detspec.models.midsize_models import cache_dir_name
@@ -141,8 +155,17 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path) -> str:
     lines = [f"settings: {dataclasses.asdict(settings)}", f"mid-size pair: {shape}"]
     for name in settings.configs:
         c = _configs.config_by_name(name)
-        argv = _configs.server_args(c, target, draft, settings, mem_fraction=0.2)
+        argv = _configs.server_args(c, target, draft, settings, mem_fraction=0.5 if profile_steps else 0.2)
+        if profile_steps:
+            from sglang_detspec.bench.serving_bench.profile_runner import GRAPHS_OFF
+
+            argv += GRAPHS_OFF
         lines.append(f"server {name} ({c.label}): python -m sglang.launch_server {shlex.join(argv)} --port PORT")
+    if profile_steps:
+        lines.append(f"profile: at each concurrency {','.join(map(str, settings.concurrencies))}, that many "
+                     f"/generate requests of {settings.input_len} random ids and {settings.output_len} new tokens, "
+                     f"then /start_profile for {profile_steps} decode batches (CPU + GPU, record_shapes)")
+        return "\n".join(lines)
     for conc in settings.concurrencies:
         cmd = _configs.bench_serving_command("python", 0, target, settings, conc, out / f"NAME-c{conc}.jsonl")
         lines.append(f"client c={conc}: {shlex.join(cmd)}")
@@ -153,8 +176,13 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path) -> str:
 def run(args: argparse.Namespace) -> int:
     settings, shape = settings_from_args(args), shape_from_args(args)
     if args.dry_run:
-        print(dry_run_text(settings, shape, args.out))
+        print(dry_run_text(settings, shape, args.out, args.profile_steps))
         return 0
+    if args.profile_steps:
+        from sglang_detspec.bench.serving_bench.profile_runner import run_profile
+
+        return run_profile(settings, args.out, models_dir=args.models_dir, shape=shape, steps=args.profile_steps,
+                           start_timeout=args.start_timeout)
     from sglang_detspec.bench.serving_bench.runner import run_benchmark
 
     return run_benchmark(settings, args.out, models_dir=args.models_dir, shape=shape,

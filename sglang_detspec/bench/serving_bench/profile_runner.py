@@ -1,0 +1,236 @@
+"""``bench-serve --profile-steps N``: where each configuration's decode step spends its GPU time, op by op.
+
+For every configuration (one server at a time, CUDA graphs off so every kernel is launched by an op the trace
+records) and every concurrency ``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new
+tokens (``ignore_eos``) are sent at once; once they decode, SGLang's own profiler (``/start_profile`` with
+``profile_by_stage``: exactly ``N`` decode batches, CPU and GPU activities, ``record_shapes``) records ``N`` steps
+and writes a Chrome trace; :mod:`sglang_detspec.bench.op_profile` attributes its kernels to categories and the GEMMs
+to the pair's weight shapes; the rest of the requests is aborted.  A speculative step is one scheduler batch: the
+draft steps, the verify forward and the draft extend together.
+
+Writes ``op_profile.json`` (every point's attribution and the top kernels), ``op_profile.md`` (the tables) and keeps
+the traces under ``traces/``.  A point whose requests finished before the trace was written is an error (the batch
+shrank while it was profiled): raise ``--output-len``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from sglang_detspec import server_process
+from sglang_detspec.bench import op_profile
+from sglang_detspec.bench.serving_bench import configs as cfgs
+
+__all__ = ["run_profile", "check_profile_settings"]
+
+GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
+_SETTLE_S = 2.0  # after sending: every request prefilled and decoding before the profile is asked for
+_TRACE_TIMEOUT_S = 180.0
+
+
+def _log(msg: str) -> None:
+    print(f"[bench-serve profile] {msg}", file=sys.stderr, flush=True)
+
+
+class _Traffic:
+    """``c`` concurrent ``/generate`` requests in threads; records when each one ended and how."""
+
+    def __init__(self, base_url: str, c: int, settings: cfgs.BenchSettings, vocab: int, seed: int):
+        rng = random.Random(seed)
+        self.ended: List[Optional[float]] = [None] * c
+        self.errors: List[str] = []
+        self.threads = []
+        for i in range(c):
+            body = {"input_ids": [rng.randrange(16, vocab) for _ in range(settings.input_len)],
+                    "sampling_params": {"temperature": settings.temperature, "max_new_tokens": settings.output_len,
+                                        "ignore_eos": True}}
+            t = threading.Thread(target=self._one, args=(base_url, body, i), daemon=True)
+            self.threads.append(t)
+        for t in self.threads:
+            t.start()
+
+    def _one(self, base_url: str, body: dict, i: int) -> None:
+        try:
+            server_process.post_json(base_url, "/generate", body, timeout=3600)
+        except Exception as e:  # an aborted request answers with an error: recorded, judged by the caller
+            self.errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+        self.ended[i] = time.time()
+
+    def finished_before(self, t: float) -> int:
+        return sum(1 for e in self.ended if e is not None and e <= t)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.time()))
+
+
+def _post(base_url: str, path: str, payload: dict, timeout: float = 60) -> str:
+    """POST JSON to one of SGLang's control endpoints, which answer in plain text (``Start profiling.``)."""
+    req = urllib.request.Request(base_url + path, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        raise server_process.HTTPStatusError(e.code, e.read().decode(errors="replace")) from None
+
+
+def _disarm(server, traces: Path) -> None:
+    """Leave SGLang's profiler as it was before the point. Its by-stage mode stays set after the decode trace, and
+    the next point's first prefill would start a prefill profile that outlives that point; a plain start and stop
+    (CPU only, written to ``traces/disarm``) clears the mode."""
+    _post(server.base_url, "/start_profile", {"output_dir": str(traces / "disarm"), "activities": ["CPU"],
+                                              "with_stack": False, "record_shapes": False, "profile_id": "disarm"})
+    _post(server.base_url, "/stop_profile", {})
+
+
+def _wait_trace(directory: Path, profile_id: str, server: server_process.Server) -> Path:
+    """The decode trace SGLang writes as ``{profile_id}-TP-0-DECODE.trace.json.gz``, once its size stops growing."""
+    deadline = time.time() + _TRACE_TIMEOUT_S
+    size = -1
+    while time.time() < deadline:
+        if not server.alive():
+            raise RuntimeError(f"the server exited while profiling; log {server.log_path}:\n{server.log_tail(40)}")
+        found = sorted(directory.glob(f"{profile_id}-*DECODE*.trace.json*"))
+        if found:
+            now = found[0].stat().st_size
+            if now == size and now > 0:
+                return found[0]
+            size = now
+        time.sleep(1.0)
+    raise RuntimeError(f"no decode trace {directory}/{profile_id}-*DECODE*.trace.json.gz after {_TRACE_TIMEOUT_S:.0f} "
+                       f"s (see {server.log_path})")
+
+
+def _profile_point(server, name: str, c: int, steps: int, settings, vocab: int, traces: Path,
+                   shape_names) -> dict:
+    profile_id = f"{name}-c{c}"
+    traffic = _Traffic(server.base_url, c, settings, vocab, seed=settings.seed + c)
+    time.sleep(_SETTLE_S)
+    _post(server.base_url, "/start_profile", {
+        "output_dir": str(traces), "num_steps": steps, "activities": ["CPU", "GPU"], "record_shapes": True,
+        "with_stack": False, "profile_by_stage": True, "profile_id": profile_id})
+    _log(f"{profile_id}: profiler armed for the next {steps} decode batches")
+    trace_path = _wait_trace(traces, profile_id, server)
+    done_early = traffic.finished_before(trace_path.stat().st_mtime)
+    try:  # the rest of the requests is not needed: free the batch for the next point
+        _post(server.base_url, "/abort_request", {"abort_all": True})
+    except (OSError, server_process.HTTPStatusError) as e:
+        _log(f"{profile_id}: /abort_request failed ({e}); waiting for the requests to end")
+    traffic.join(max(120.0, settings.output_len * 0.05))
+    _disarm(server, traces)
+    if done_early:
+        return {"error": f"{done_early} of {c} requests ended before the trace was written (the profiled batch "
+                         f"shrank): raise --output-len", "trace": str(trace_path)}
+    summary = op_profile.attribute(op_profile.read_trace(trace_path), steps, shape_names)
+    summary.update({"trace": str(trace_path), "concurrency": c})
+    _log(f"{profile_id}: {summary['kernel_ms']:.3f} ms of kernels per step (window {summary['window_ms']:.3f} ms), "
+         f"GEMM {summary['categories']['gemm']:.3f} ms")
+    return summary
+
+
+def check_profile_settings(settings: cfgs.BenchSettings, steps: int) -> None:
+    """Refuse settings whose requests would end while profiled: ``--output-len`` must give every profiled step
+    :data:`~sglang_detspec.bench.serving_bench.PROFILE_TOKENS_PER_STEP` tokens (up to 4 tokens a speculative step;
+    the profiler starts only after the requests are admitted and the trace is written after the steps)."""
+    from sglang_detspec.bench.serving_bench import PROFILE_TOKENS_PER_STEP
+
+    if steps < 1:
+        raise ValueError(f"--profile-steps must be >= 1, got {steps}")
+    need = steps * PROFILE_TOKENS_PER_STEP
+    if settings.output_len < need:
+        raise ValueError(f"--output-len {settings.output_len} is too short to profile {steps} decode steps: the "
+                         f"requests would end while profiled; pass --output-len {need} or more")
+
+
+def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional[Path], shape, steps: int,
+                start_timeout: float = 420.0) -> int:
+    """Profile every configuration of ``settings`` at every concurrency (module docstring); the exit code is 0 when
+    every point was profiled, 1 when some failed, 2 when nothing could run."""
+    check_profile_settings(settings, steps)
+    reason = server_process.launch_skip_reason()
+    if reason:
+        _log(reason)
+        return 2
+    import tempfile
+
+    from sglang_detspec.bench.gemm_bench import llama_gemm_shapes
+    from sglang_detspec.models import midsize_models
+
+    out = Path(out).resolve()
+    traces = out / "traces"
+    traces.mkdir(parents=True, exist_ok=True)
+    pair = midsize_models.ensure_midsize_pair(models_dir or Path(tempfile.gettempdir()) / "sglang-detspec-models", shape)
+    shape_names = op_profile.shape_names_for(llama_gemm_shapes(shape.hidden, shape.heads, shape.kv_heads,
+                                                               shape.head_dim, shape.intermediate, shape.vocab))
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    points: Dict[str, Dict[int, dict]] = {}
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(settings.configs) * len(settings.concurrencies), desc="profile points", file=sys.stderr)
+    except ImportError:
+        bar = None
+    for name in settings.configs:
+        config = cfgs.config_by_name(name)
+        spec = server_process.ServerSpec(name, cfgs.server_args(config, pair.target, pair.eagle_draft, settings,
+                                                                mem_fraction=0.5) + GRAPHS_OFF,
+                                         env=dict(env, **dict(config.env)))
+        server = server_process.Server(spec, server_process.free_port(34000), out / f"server-{name}.log",
+                                       pid_file=out / "server_pids.txt")
+        points[name] = {}
+        try:
+            server.start()
+            server.wait_ready(start_timeout)
+            for c in settings.concurrencies:
+                try:
+                    points[name][c] = _profile_point(server, name, c, steps, settings, shape.vocab, traces,
+                                                     shape_names)
+                except (RuntimeError, ValueError, OSError, server_process.HTTPStatusError) as e:
+                    points[name][c] = {"error": str(e).splitlines()[0][:400]}
+                    _log(f"{name} c={c}: {points[name][c]['error']}")
+                if bar is not None:
+                    bar.update(1)
+        except server_process.ServerStartError as e:
+            for c in settings.concurrencies:
+                points[name][c] = {"error": f"server did not start: {str(e).splitlines()[0]}"}
+        finally:
+            server.stop()
+    if bar is not None:
+        bar.close()
+    return _report(out, settings, shape, steps, points)
+
+
+def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, dict]]) -> int:
+    import dataclasses
+
+    version = server_process.sglang_version()
+    document = {"sglang": version, "shape": dataclasses.asdict(shape), "steps": steps,
+                "settings": dataclasses.asdict(settings), "graphs": "off",
+                "configs": {n: cfgs.config_by_name(n).label for n in settings.configs},
+                "points": {n: {str(c): p for c, p in per.items()} for n, per in points.items()}}
+    (out / "op_profile.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    sections = [f"# Decode-step profile, sglang {version}, pair {shape.tag()}, {steps} steps per point, CUDA graphs "
+                f"off, input {settings.input_len} tokens, T={settings.temperature:g}"]
+    for c in settings.concurrencies:
+        per_config = {n: points[n].get(c) for n in settings.configs}
+        sections.append(op_profile.format_category_table(per_config, title=f"\n## Concurrency {c}: by category\n"))
+        sections.append(op_profile.format_gemm_table(per_config, title=f"\n## Concurrency {c}: GEMM by weight\n"))
+        errors = [f"- {n}: {p['error']}" for n, p in per_config.items() if p and "error" in p]
+        if errors:
+            sections.append("\nFailed points:\n" + "\n".join(errors))
+    text = "\n".join(sections) + "\n"
+    (out / "op_profile.md").write_text(text)
+    print(text)
+    print(f"results: {out / 'op_profile.json'}, {out / 'op_profile.md'}, traces in {out / 'traces'}")
+    failed = any("error" in p for per in points.values() for p in per.values())
+    return 1 if failed else 0

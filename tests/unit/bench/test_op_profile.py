@@ -1,0 +1,202 @@
+"""The decode-step profile's attribution (bench/op_profile.py) and its command-line settings, on CPU.
+
+The kernel names are ones SGLang's GPU traces show (cuBLAS ``nvjet`` / ``sm90_xmma``, SGLang's Triton attention and
+deterministic kernels, the plugin's kernels, PyTorch's elementwise templates); the CPU side of the trace is a real
+PyTorch profiler trace of ``F.linear`` and ``torch.mm`` with ``record_shapes``, to which GPU kernel events are added
+the way a CUDA trace links them (the launching op's ``External id``).
+"""
+
+import argparse
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_detspec.bench import op_profile
+from sglang_detspec.bench.gemm_bench import GemmShape
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name,category", [
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_"
+     "cublas", "gemm"),
+    ("matmul_kernel_persistent", "gemm"),
+    ("_batch_invariant_matmul_kernel", "gemm"),
+    ("bmm_kernel_persistent", "gemm"),
+    ("_fwd_kernel_stage1", "attention"),
+    ("_fwd_grouped_kernel_stage1", "attention"),
+    ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<...>", "attention"),
+    ("_fused_add_rms_norm_kernel", "norm"),
+    ("mean_kernel", "norm"),
+    ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", "norm"),
+    ("void flashinfer::activation::act_and_mul_kernel<__nv_bfloat16, &silu>", "activation"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel(at::TensorIteratorBase&)>",
+     "activation"),
+    ("void flashinfer::BatchQKApplyRotaryPosIdsCosSinCacheKernel<true, 128u>", "rotary"),
+    ("_log_softmax_kernel", "sampling"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>", "sampling"),
+    ("_seeded_draft_sample_stage1_kernel", "sampling"),
+    ("write_req_to_token_pool_triton", "kv_cache"),
+    ("create_flashinfer_kv_indices_triton", "kv_cache"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t>>", "elementwise"),
+    ("void at::native::index_elementwise_kernel<128, 4>", "elementwise"),
+    ("some_unknown_kernel", "other"),
+])
+def test_a_kernel_falls_in_its_category(name, category):
+    assert op_profile.categorize(name) == category
+
+
+@pytest.mark.parametrize("op,dims,expected", [
+    ("aten::mm", [[4, 2048], [2048, 4096]], (4, 2048, 4096)),
+    ("aten::matmul", [[2, 3, 64], [64, 32]], (6, 64, 32)),
+    ("aten::addmm", [[32], [4, 64], [64, 32], [], []], (4, 64, 32)),
+    ("aten::linear", [[1, 4, 64], [32, 64], [32]], (4, 64, 32)),
+    ("aten::bmm", [[8, 4, 64], [8, 64, 16]], (32, 64, 16)),
+    ("aten::mm", [[4, 2048], [1024, 4096]], None),  # inner dimensions disagree
+    ("aten::mm", [[4, 2048]], None),
+    ("aten::linear", [[4, 64], [], []], None),
+    ("aten::add", [[4, 64], [4, 64]], None),
+])
+def test_gemm_shape_from_input_dims(op, dims, expected):
+    assert op_profile.gemm_shape(op, dims) == expected
+
+
+def _cpu_trace_of_linear_and_mm():
+    torch = pytest.importorskip("torch")
+    a, w, b = torch.randn(4, 64), torch.randn(32, 64), torch.randn(32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.linear(a, w, b)
+        torch.mm(torch.randn(2, 32), torch.randn(32, 128))
+    return prof
+
+
+def _kernel(name, ts, dur, ext=None, cat="kernel"):
+    args = {} if ext is None else {"External id": ext, "correlation": 1000 + ts}
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur, "args": args}
+
+
+def test_attribution_of_a_real_cpu_trace_with_gpu_kernels_added(tmp_path):
+    prof = _cpu_trace_of_linear_and_mm()
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    trace = op_profile.read_trace(path)
+    ext = {e["name"]: e["args"]["External id"] for e in trace["traceEvents"]
+           if e.get("cat") == "cpu_op" and e["name"] in ("aten::addmm", "aten::mm")}
+    assert set(ext) == {"aten::addmm", "aten::mm"}
+    # Two steps, times in microseconds: a GEMM per op, attention, a norm, a memcpy and a GEMM with no op.
+    trace["traceEvents"] += [
+        _kernel("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 100, 30, ext["aten::addmm"]),
+        _kernel("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 140, 50, ext["aten::mm"]),
+        _kernel("_fwd_kernel_stage1", 200, 40),
+        _kernel("_fused_add_rms_norm_kernel", 250, 10),
+        _kernel("Memcpy HtoD (Pageable -> Device)", 270, 6, cat="gpu_memcpy"),
+        _kernel("matmul_kernel_persistent", 300, 24, ext=999999),
+        _kernel("nvjet_tst_64x8_64x16_4x1_v_bz_TNN", 400, 30, ext["aten::addmm"]),
+    ]
+    names = op_profile.shape_names_for([GemmShape("proj", 64, 32, bias=True), GemmShape("up", 32, 128)])
+    got = op_profile.attribute(trace, steps=2, shape_names=names)
+    assert got["steps"] == 2 and got["kernels_per_step"] == 3.5
+    assert got["categories"]["gemm"] == pytest.approx((30 + 50 + 24 + 30) / 2000)
+    assert got["categories"]["attention"] == pytest.approx(40 / 2000)
+    assert got["categories"]["norm"] == pytest.approx(10 / 2000)
+    assert got["categories"]["copy"] == pytest.approx(6 / 2000)
+    assert got["kernel_ms"] == pytest.approx(190 / 2000)
+    assert got["window_ms"] == pytest.approx((430 - 100) / 2000)
+    assert got["gemm_shapes"]["proj"] == {"ms": pytest.approx(60 / 2000), "calls": 1.0, "m": [4]}
+    assert got["gemm_shapes"]["up"] == {"ms": pytest.approx(50 / 2000), "calls": 0.5, "m": [2]}
+    assert got["gemm_shapes"]["unattributed"]["calls"] == 0.5
+    assert list(got["gemm_shapes"]) == ["proj", "up", "unattributed"]  # costliest first
+    assert got["top_kernels"][0] == {"name": "nvjet_tst_64x8_64x16_4x1_v_bz_TNN", "category": "gemm",
+                                     "ms": pytest.approx(110 / 2000), "calls": 1.5}
+
+
+def test_a_trace_without_gpu_kernels_is_refused(tmp_path):
+    prof = _cpu_trace_of_linear_and_mm()
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    with pytest.raises(ValueError, match="no GPU kernel"):
+        op_profile.attribute(op_profile.read_trace(path), steps=1)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        op_profile.attribute({"traceEvents": [_kernel("x", 0, 1)]}, steps=0)
+
+
+def test_read_trace_takes_gzip_and_refuses_other_json(tmp_path):
+    gz = tmp_path / "t.trace.json.gz"
+    with gzip.open(gz, "wt") as f:
+        json.dump({"traceEvents": [_kernel("mean_kernel", 0, 5)]}, f)
+    assert op_profile.attribute(op_profile.read_trace(gz), steps=1)["categories"]["norm"] == pytest.approx(0.005)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"events": []}')
+    with pytest.raises(ValueError, match="not a Chrome trace"):
+        op_profile.read_trace(bad)
+
+
+def test_tables_show_each_profiled_configuration_and_skip_failed_ones():
+    ok = op_profile.attribute({"traceEvents": [_kernel("matmul_kernel_persistent", 0, 2000),
+                                               _kernel("_fwd_kernel_stage1", 2000, 1000)]}, steps=1)
+    profiles = {"no_spec": ok, "detspec": {"error": "server did not start"}}
+    table = op_profile.format_category_table(profiles)
+    assert "| ms per step | no_spec |" in table and "detspec" not in table
+    assert "| gemm | 2.000 |" in table and "| attention | 1.000 |" in table
+    assert "| norm |" not in table  # categories that are zero everywhere are left out
+    gemm = op_profile.format_gemm_table(profiles)
+    assert "| unattributed | 2.000 (1) |" in gemm
+
+
+def _bench_serve_args(argv):
+    from sglang_detspec.bench import serving_bench
+
+    p = argparse.ArgumentParser()
+    serving_bench.add_arguments(p)
+    return serving_bench, p.parse_args(["--out", "x", *argv])
+
+
+def test_profile_mode_gives_the_requests_room_for_the_steps():
+    serving_bench, args = _bench_serve_args(["--profile-steps", "20"])
+    assert serving_bench.settings_from_args(args).output_len == 2048
+    serving_bench, args = _bench_serve_args(["--profile-steps", "100"])
+    assert serving_bench.settings_from_args(args).output_len == 100 * serving_bench.PROFILE_TOKENS_PER_STEP
+    serving_bench, args = _bench_serve_args(["--profile-steps", "-1"])
+    with pytest.raises(ValueError, match="--profile-steps must be >= 0"):
+        serving_bench.settings_from_args(args)
+    serving_bench, args = _bench_serve_args([])
+    assert serving_bench.settings_from_args(args).output_len == 256  # throughput mode keeps its default
+
+
+def test_an_output_length_too_short_for_the_profile_is_refused_naming_the_fix():
+    from sglang_detspec.bench.serving_bench.profile_runner import check_profile_settings
+
+    serving_bench, args = _bench_serve_args(["--profile-steps", "20", "--output-len", "128"])
+    settings = serving_bench.settings_from_args(args)
+    with pytest.raises(ValueError, match="pass --output-len 640 or more"):
+        check_profile_settings(settings, 20)
+    check_profile_settings(settings, 4)  # 128 tokens are enough for 4 steps
+
+
+def test_the_profile_script_adds_its_defaults_but_keeps_the_users_flags():
+    spec = importlib.util.spec_from_file_location("profile_ops", REPO / "scripts" / "bench" / "profile_ops.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = script.with_defaults(["--out", "d", "--concurrencies=1", "--pair", "llama8b"])
+    assert argv.count("--concurrencies") == 0 and "--concurrencies=1" in argv
+    assert argv[argv.index("--profile-steps") + 1] == "20"
+    configs = argv[argv.index("--configs") + 1].split(",")
+    assert {"no_spec_fast", "no_spec", "detspec", "detspec_sglang_ops"} <= set(configs)
+    from sglang_detspec.bench.serving_bench import configs as cfgs
+
+    for name in configs:  # every default names a configuration of the table
+        cfgs.config_by_name(name)
+
+
+def test_the_profile_dry_run_prints_graphs_off_servers_and_the_profile(capsys):
+    serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--configs", "no_spec,detspec", "--dry-run"])
+    assert serving_bench.run(args) == 0
+    text = capsys.readouterr().out
+    servers = [line for line in text.splitlines() if line.startswith("server ")]
+    assert len(servers) == 2 and all("--cuda-graph-backend-decode disabled" in line for line in servers)
+    assert "DETSPEC_EAGLE" in servers[1] and "/start_profile for 5 decode batches" in text
+    assert "sglang.bench_serving" not in text  # no throughput client in profile mode
