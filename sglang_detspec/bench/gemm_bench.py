@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -295,7 +296,10 @@ def tune_candidates(bucket: int, quick: bool = False) -> List[GemmConfig]:
                 if (bm, bn, w) != (128, 256, 4)]
     if quick:
         grid = grid[::4]
-    return [GemmConfig(bm, bn, w, s) for bm, bn, w, s in grid]
+    configs = [GemmConfig(bm, bn, w, s) for bm, bn, w, s in grid]
+    if bucket <= 32:  # small M: also the launches that load rows past M as zeros (GemmConfig.mask_rows)
+        configs += [dataclasses.replace(c, mask_rows=True) for c in configs]
+    return configs
 
 
 def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]) -> str:
@@ -306,7 +310,8 @@ def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]
             if c.block_k != BLOCK_K:
                 raise ValueError(f"a tuned launch for ({k}, {n}) has block_k {c.block_k}, not {BLOCK_K}")
         body = ", ".join(f"({bound}, GemmConfig({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}"
-                         + (f", group_size_m={c.group_size_m}" if c.group_size_m != 8 else "") + "))"
+                         + (f", group_size_m={c.group_size_m}" if c.group_size_m != 8 else "")
+                         + (", mask_rows=True" if c.mask_rows else "") + "))"
                          for bound, c in entries)
         lines.append(f"    ({k}, {n}): ({body},),")
     lines.append("}")
@@ -365,12 +370,53 @@ def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False
     return table
 
 
+PROBE_MS = (1, 2, 4, 8, 16)
+
+
+def probe_small_m(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), replays: int = 20, log=print,
+                  device: Optional[torch.device] = None) -> List[Dict]:
+    """Where M far below the row tile costs time: for every shape and M in :data:`PROBE_MS`, the default launch,
+    the same launch loading rows past M as zeros (``mask_rows``) and cuBLAS, with the masked launch's bits checked
+    against the default's.  One launch serves M = 1 .. 16, so a time that grows as M falls is the rows past M."""
+    device = device or torch.device("cuda")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sms = batch_invariant_gemm._num_sms(device)
+    rows = []
+    for pair in pairs:
+        for shape in PAIRS[pair]:
+            for m in PROBE_MS:
+                ops = _Operands(shape, m, device)
+                config = launch_plan(m, shape.k, shape.n, sms).config
+                masked = dataclasses.replace(config, mask_rows=True)
+                row = dict(pair=pair, shape=shape.name, k=shape.k, n=shape.n, m=m, config=config.short(),
+                           masked_equal=_same_bits(matmul(ops.a, ops.weights[0], ops.bias, config=masked),
+                                                   matmul(ops.a, ops.weights[0], ops.bias, config=config)))
+                for name, fn in (("cublas", _cublas), ("plugin", _plugin(config)), ("masked", _plugin(masked))):
+                    row[f"{name}_us"] = round(statistics.median(ops.time_us(fn, replays)), 2)
+                rows.append(row)
+                log(f"{pair:8s} {shape.name:8s} {shape.k:6d}x{shape.n:<6d} M={m:3d} [{row['config']}]  cublas "
+                    f"{row['cublas_us']:8.2f}  plugin {row['plugin_us']:8.2f}  masked {row['masked_us']:8.2f}  "
+                    f"{'same bits' if row['masked_equal'] else 'BITS DIFFER'}")
+                del ops
+            torch.cuda.empty_cache()
+    with open(out_dir / "gemm_probe_small_m.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    (out_dir / "gemm_probe_small_m.json").write_text(json.dumps(dict(meta=_meta(device, dict(sms=sms, replays=replays)),
+                                                                     rows=rows), indent=1) + "\n")
+    log(f"wrote {out_dir / 'gemm_probe_small_m.csv'}")
+    return rows
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_gemm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="output directory (CSV, JSON, PNG)")
     ap.add_argument("--quick", action="store_true", help=f"M = {list(QUICK_MS)}, 5 replays (with --tune: 2 buckets, "
                                                          "a quarter of the candidates)")
     ap.add_argument("--tune", action="store_true", help="sweep launches per shape and M bucket; print the best table")
+    ap.add_argument("--probe-small-m", action="store_true",
+                    help=f"M = {list(PROBE_MS)} on one launch each: default vs rows past M masked vs cuBLAS")
     ap.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
     ap.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {list(MS)}")
     ap.add_argument("--replays", type=int, default=None, help="CUDA-graph replays per case (default 20; tune 10)")
@@ -385,6 +431,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("bench_gemm: no CUDA GPU visible; the benchmark measures CUDA-graph replays on a GPU "
               "(run scripts/run_gpu_checks.sh on a GPU machine)", file=sys.stderr)
         return 2
+    if args.probe_small_m:
+        probe_small_m(args.out, pairs=args.pairs, replays=args.replays or 20)
+        return 0
     if args.tune:
         tune(args.out, pairs=args.pairs, quick=args.quick, replays=args.replays or (5 if args.quick else 10),
              split_k=args.split_k)

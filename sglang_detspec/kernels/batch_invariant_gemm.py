@@ -5,8 +5,9 @@ Why it is batch-invariant
 Every output element ``c[m, n]`` is computed the same way whatever M is and whichever tile computes it: an
 fp32 accumulator starts at zero, the K dimension is walked in ``BLOCK_K`` (= 64, fixed) slices in increasing
 order and each slice is folded in with ``acc = tl.dot(a_slice, b_slice, acc)``; the bias (fp32) is added
-after the loop, then the result is cast once.  Rows past M are clamped to row 0 (computed, never stored) and
-K past its end is masked to zero, so no other row changes an element's operations.  The tile (``BLOCK_M``,
+after the loop, then the result is cast once.  Rows past M are clamped to row 0 (computed, never stored; or, with
+``GemmConfig.mask_rows``, loaded as zeros) and K past its end is masked to zero, so no other row changes an
+element's operations.  The tile (``BLOCK_M``,
 ``BLOCK_N``, warps, stages, the L2 swizzle ``GROUP_SIZE_M``) only decides which program computes an element,
 so :data:`LAUNCH_TABLE` may pick it by M (small tiles and many programs for decode, large tiles for
 prefill).  ``BLOCK_K`` is the one launch parameter that would change the reduction, so the table cannot carry
@@ -71,6 +72,10 @@ class GemmConfig:
     num_stages: int = 4
     group_size_m: int = 8
     block_k: int = BLOCK_K
+    #: Rows past M: False recomputes row 0 in them (unmasked loads); True masks their loads to zero instead.  Either
+    #: way no stored row changes (an MMA row depends on its own row of ``a`` only); which is faster at M far below
+    #: ``block_m`` is measured by ``bench_gemm.py --probe-small-m``.
+    mask_rows: bool = False
 
     def __post_init__(self):
         # the package's launch checks: tl.dot needs every tile dimension a power of two >= 16
@@ -86,7 +91,8 @@ class GemmConfig:
         return triton.cdiv(m, self.block_m) * triton.cdiv(n, self.block_n)
 
     def short(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_size_m}"
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_size_m}"
+                + (" mask" if self.mask_rows else ""))
 
 
 C = GemmConfig
@@ -184,17 +190,24 @@ def launch_plan(m: int, k: int, n: int, num_sms: int, split_k: Optional[int] = N
 
 
 @triton.jit
-def _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, k_lo, k_hi, K, stride_ak, stride_bk,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, row_ok, k_lo, k_hi, K, stride_ak, stride_bk,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr):
     """``acc + a[:, k_lo:k_hi] @ b[k_lo:k_hi, :]``, one BLOCK_K slice at a time in increasing k: the per-element
-    reduction.  ``a_ptrs`` / ``b_ptrs`` address column / row ``k_lo``; ``k_lo`` is a multiple of BLOCK_K."""
+    reduction.  ``a_ptrs`` / ``b_ptrs`` address column / row ``k_lo``; ``k_lo`` is a multiple of BLOCK_K; with
+    ``MASK_ROWS`` the rows of ``a`` where ``row_ok`` is false load as zeros."""
     for k_start in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:  # K is whole slices (a property of the weight, not of M): no mask to compute
-            a = tl.load(a_ptrs)
+        if EVEN_K:  # K is whole slices (a property of the weight, not of M): no K mask to compute
+            if MASK_ROWS:
+                a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
+            else:
+                a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
             k_left = K - k_start
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            a_mask = offs_k[None, :] < k_left
+            if MASK_ROWS:
+                a_mask = a_mask & row_ok[:, None]
+            a = tl.load(a_ptrs, mask=a_mask, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
             a = a.to(tl.float32)
@@ -213,7 +226,7 @@ def _batch_invariant_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
     SPLIT_K: tl.constexpr, FOLD_SPLITS: tl.constexpr,
     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -233,29 +246,33 @@ def _batch_invariant_matmul_kernel(
         offs_bn = offs_bn.to(tl.int64)
     if A_LARGE or B_LARGE:
         offs_k = offs_k.to(tl.int64)
-    offs_am = tl.where(offs_am < M, offs_am, 0)  # rows past M recompute row 0; never stored
+    row_ok = offs_am < M
+    if not MASK_ROWS:
+        offs_am = tl.where(row_ok, offs_am, 0)  # rows past M recompute row 0; never stored
     offs_bn = tl.where(offs_bn < N, offs_bn, 0)
     a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_K == 1:
-        acc = _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, 0, K, K, stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
+        acc = _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, row_ok, 0, K, K, stride_ak, stride_bk, BLOCK_K, EVEN_K,
+                              MASK_ROWS, UPCAST_DOT)
     elif FOLD_SPLITS:  # every split in this program: each partial from zero, added to the total in split order
         for split in range(0, SPLIT_K):  # a loop, not unrolled: one pipelined K loop in the code, not SPLIT_K
             k_lo = split * K_PER_SPLIT
             if A_LARGE or B_LARGE:
                 k_lo = k_lo.to(tl.int64)
             part = _fold_k_slices(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), a_ptrs + k_lo * stride_ak,
-                                  b_ptrs + k_lo * stride_bk, offs_k, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), K,
-                                  stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
+                                  b_ptrs + k_lo * stride_bk, offs_k, row_ok, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K),
+                                  K, stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS, UPCAST_DOT)
             acc += part
     else:  # one split per program (axis 1): its partial goes to the workspace, _split_k_combine_kernel adds them
         k_lo = tl.program_id(1) * K_PER_SPLIT
         if A_LARGE or B_LARGE:
             k_lo = k_lo.to(tl.int64)
-        acc = _fold_k_slices(acc, a_ptrs + k_lo * stride_ak, b_ptrs + k_lo * stride_bk, offs_k, k_lo,
-                             tl.minimum(k_lo + K_PER_SPLIT, K), K, stride_ak, stride_bk, BLOCK_K, EVEN_K, UPCAST_DOT)
+        acc = _fold_k_slices(acc, a_ptrs + k_lo * stride_ak, b_ptrs + k_lo * stride_bk, offs_k, row_ok, k_lo,
+                             tl.minimum(k_lo + K_PER_SPLIT, K), K, stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS,
+                             UPCAST_DOT)
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -300,7 +317,10 @@ def _int64_flags(a: torch.Tensor, b: torch.Tensor, config: GemmConfig) -> Tuple[
     N = b.shape[1]
     padded_k = triton.cdiv(max(K, 1), config.block_k) * config.block_k
     padded_m = triton.cdiv(M, config.block_m) * config.block_m
-    return (_max_offset(a, padded_k) >= 2**31, _max_offset(b.t(), padded_k) >= 2**31, padded_m * N >= 2**31)
+    # masked rows past M still form their (unread) addresses: count them in a's largest offset
+    rows_formed = padded_m if config.mask_rows else M
+    a_offset = max(rows_formed - 1, 0) * abs(a.stride(0)) + max(padded_k - 1, 0) * abs(a.stride(1))
+    return (a_offset >= 2**31, _max_offset(b.t(), padded_k) >= 2**31, padded_m * N >= 2**31)
 
 
 def _validate(a, b, bias, out_dtype) -> None:
@@ -354,6 +374,7 @@ def _launch(a, b, bias, out_dtype, plan: LaunchPlan) -> torch.Tensor:
         A_LARGE=a_large, B_LARGE=b_large, C_LARGE=c_large,
         HAS_BIAS=bias is not None,
         EVEN_K=K % config.block_k == 0,
+        MASK_ROWS=config.mask_rows,
         UPCAST_DOT=INTERPRETED,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -8,6 +8,7 @@ Llama-3-8B-shaped one, qkv / o / gate_up / down / lm_head and the EAGLE draft's 
 * the same with ``out_dtype=float32`` (the accumulator itself) over ``default_m_grid`` -- a difference there that
   the bfloat16 rounding hides would still be a rounding difference between tiles;
 * the int64-offset variant of the kernel compiles and gives the same bits;
+* the small-M launches with ``mask_rows`` (rows past M loaded as zeros) give the default launch's rows, M 1..64;
 * for the long-K weights (down, fc), a 4-way K split (off by default, ``SPLIT_K_TABLE``): fp32 accumulators over
   ``default_m_grid``, across both split modes (programs per split with a combine at small M, folded at large M);
 * SGLang's deterministic GEMM (``_matmul_persistent_triton``, one 128x128x64 persistent tile) on the same operands,
@@ -84,6 +85,8 @@ def _summary(request):
                      f"bad {len(r['fp32_bad_ms'])}  launches {len(r['launches'])}  vs SGLang: {r['sglang']}")
     for key, r in SUMMARY.get("split_k", {}).items():
         lines.append(f"  split-K {key:18s} S={r['splits']} fp32 Ms {r['ms_checked']:4d} bad {len(r['bad_ms'])}")
+    for key, r in SUMMARY.get("masked_rows", {}).items():
+        lines.append(f"  masked rows {key:18s} launches {r['launches']} M 1..{MASKED_MAX_M} bad {len(r['bad'])}")
     for key, r in SUMMARY["rms_norm"].items():
         lines.append(f"  rms_norm {key:9s} batches 1..{r['max_rows']} bad {len(r['bad_rows'])}  vs reference: "
                      f"{r['equal_fraction']:.4f} of outputs equal, max diff {r['max_abs_diff']:.3g}")
@@ -183,6 +186,32 @@ def test_split_k_rows_are_bit_identical_for_every_m(item):
     SUMMARY.setdefault("split_k", {})[f"{pair}-{shape.name}"] = dict(
         splits=plans.pop().splits, ms_checked=len(ms), bad_ms=bad[:20])
     assert not bad, f"{pair} {shape.name} split 4: rows differ at M = {bad[:10]}"
+
+
+MASKED_MAX_M = 64
+
+
+@pytest.mark.parametrize("item", SHAPES, ids=_ids)
+def test_masked_row_launches_give_the_default_rows(item):
+    """``GemmConfig.mask_rows`` (rows past M loaded as zeros instead of recomputing row 0) for every small-M launch
+    of the table: each m in 1..64 gives the rows of the default launch on the full batch, bit for bit."""
+    import dataclasses
+
+    pair, shape = item
+    g = torch.Generator(device=DEVICE).manual_seed(shape.k * 13 + shape.n)
+    a = torch.randn(MASKED_MAX_M, shape.k, device=DEVICE, generator=g).to(torch.bfloat16)
+    b = torch.randn(shape.n, shape.k, device=DEVICE, generator=g).to(torch.bfloat16).t()
+    bias = torch.randn(shape.n, device=DEVICE, generator=g).to(torch.bfloat16) if shape.bias else None
+    configs = sorted({dataclasses.replace(c, mask_rows=True) for bound, cands in gemm.LAUNCH_TABLE if bound <= 32
+                      for c in cands}, key=lambda c: c.short())
+    full = matmul(a, b, bias)
+    bad = []
+    for config in configs:
+        ms = list(range(1, MASKED_MAX_M + 1))
+        bad += [f"{config.short()} M={m}" for m in _mismatching_ms(
+            lambda x, config=config: matmul(x, b, bias, config=config), a, ms, full)]
+    SUMMARY.setdefault("masked_rows", {})[f"{pair}-{shape.name}"] = dict(launches=len(configs), bad=bad[:20])
+    assert not bad, f"{pair} {shape.name}: masked-row launches differ: {bad[:10]}"
 
 
 @pytest.mark.parametrize("hidden", [2048, 4096])

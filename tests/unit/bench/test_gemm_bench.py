@@ -118,7 +118,8 @@ def test_run_writes_one_row_per_shape_and_m_with_the_ratios(tmp_path, fake_timer
 
 
 def _unique_time(config):
-    return config.block_n * 1000 + config.block_m * 10 + config.num_stages + config.num_warps / 100
+    return (config.block_n * 1000 + config.block_m * 10 + config.num_stages + config.num_warps / 100
+            + config.mask_rows / 1000)
 
 
 def test_tune_picks_the_fastest_bit_identical_launch(tmp_path, fake_timer, monkeypatch):
@@ -148,7 +149,7 @@ def test_tune_picks_the_fastest_bit_identical_launch(tmp_path, fake_timer, monke
             timed = set(tune_candidates(bound, quick=True)) | {launch_config(bound, k, n, sms)}
             assert config == min(timed - {fastest}, key=_unique_time)
     assert any(line.startswith("NOT BIT-IDENTICAL") for line in logged)
-    assert sum(fastest.short() in line for line in logged) == 2  # once per shape, in the report
+    assert sum(line.endswith(fastest.short()) for line in logged) == 2  # once per shape, in the report
     assert (tmp_path / "gemm_tune_table.py").read_text().endswith(text + "\n")
     with open(tmp_path / "gemm_tune.csv") as f:
         assert any(r["bit_identical"] == "False" for r in csv.DictReader(f))
@@ -165,3 +166,16 @@ def test_run_with_a_forced_split_times_and_names_the_split(tmp_path, fake_timer)
         assert r["plugin_config"] == plan.config.short() + suffix
     assert fake_timer["split_k"] == 2  # the timed plugin call ran with the split
     assert json.loads((tmp_path / "gemm_bench.json").read_text())["meta"]["split_k"] == 2
+
+
+def test_small_m_probe_times_the_default_and_masked_launch_of_each_m(tmp_path, fake_timer):
+    fake_timer["times"] = lambda config: 20.0 if config.mask_rows else 30.0
+    rows = bench.probe_small_m(tmp_path, pairs=["tiny"], replays=2, log=lambda line: None, device=torch.device("cpu"))
+    assert [(r["shape"], r["m"]) for r in rows] == [(s, m) for s in ("proj", "fc") for m in bench.PROBE_MS]
+    sms = bench.batch_invariant_gemm.INTERPRETER_SMS
+    for r in rows:
+        assert r["config"] == launch_config(r["m"], r["k"], r["n"], sms).short()
+        assert (r["cublas_us"], r["plugin_us"], r["masked_us"]) == (10.0, 30.0, 20.0)
+        assert r["masked_equal"] is True  # masking rows past M changes no stored row
+    with open(tmp_path / "gemm_probe_small_m.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
