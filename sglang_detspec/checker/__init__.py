@@ -3,7 +3,8 @@
 * :mod:`.client`  -- ``--url`` validation, the HTTP client, server info, waiting for ``/health``;
 * :mod:`.traffic` -- the traffic profiles (uniform, mixed, long, prefix; opt-in pressure): which fillers, when the
   probe goes;
-* :mod:`.run`     -- running the trials, comparing the probe's outputs, the first divergence;
+* :mod:`.trials`  -- one trial on the wire: its requests in the order of its arrival, the answers as records;
+* :mod:`.run`     -- running every profile's trials, comparing the probe's outputs, the first divergence;
 * :mod:`.report`  -- the result dataclasses, the JSON report, the printed text.
 
 It talks HTTP only (``requests``) and never imports SGLang, so it checks any SGLang server from anywhere.

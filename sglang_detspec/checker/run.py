@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import random
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from sglang_detspec.checker import logprobs as lp
@@ -24,7 +22,6 @@ from sglang_detspec.checker.client import (
     ServerUnreachable,
     connect,
     fetch_server_info,
-    float_or_none,
     parse_server_url,
     retracted_requests_total,
 )
@@ -33,13 +30,13 @@ from sglang_detspec.checker.report import (
     AgainstCheck,
     CheckResult,
     Divergence,
-    FillerRecord,
     ProfileResult,
     SeedsCheck,
     Trial,
     mean_accept_length,
     output_key,
 )
+from sglang_detspec.checker.trials import TrialRunner, filler_record, profile_plans, to_trial
 from sglang_detspec.command_base import PROG, CliError
 
 DEFAULT_PROMPT = "Once upon a time, in a small town by the sea, there lived"
@@ -47,165 +44,6 @@ DEFAULT_SEED = 42
 DEFAULT_TRIALS = 16
 DEFAULT_MAX_NEW_TOKENS = 32
 DEFAULT_MAX_FILLERS = 15
-
-
-def _meta(body: dict) -> dict:
-    meta = body.get("meta_info")
-    return meta if isinstance(meta, dict) else {}
-
-
-def _int(x) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) else None
-
-
-def _to_trial(index: int, plan: tr.TrialPlan, seed: int, body: dict, fillers: list[FillerRecord]) -> Trial:
-    meta = _meta(body)
-    ids = body.get("output_ids")
-    if ids is None:
-        ids = meta.get("output_ids")
-    if not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
-        ids = None
-    completion = _int(meta.get("completion_tokens"))
-    verify_ct = _int(meta.get("spec_verify_ct"))
-    accept = float_or_none(meta.get("spec_accept_length"))
-    if accept is None and verify_ct and completion:
-        accept = completion / verify_ct  # what 0.5.17/0.5.23 report as spec_accept_length
-    return Trial(
-        index=index, profile=plan.profile, profile_trial=plan.index, arrival=plan.arrival, label=plan.label,
-        seed=seed, fillers=len(fillers), filler_max_new_tokens=[f.max_new_tokens for f in fillers],
-        filler_prompt_words=[f.prompt_words for f in fillers], text=body["text"], output_ids=ids,
-        filler_details=fillers, flushed_cache=plan.flush_cache_first, completion_tokens=completion,
-        prompt_tokens=_int(meta.get("prompt_tokens")), cached_tokens=_int(meta.get("cached_tokens")),
-        spec_verify_ct=verify_ct, spec_accept_length=accept,
-        output_logprobs=lp.parse_token_logprobs(meta), output_top_logprobs=lp.parse_top_logprobs(meta),
-        num_retractions=_int(meta.get("num_retractions")), probe_delay_fraction=plan.probe_delay_fraction,
-        filler_retractions=sum(counted) if (counted := [f.num_retractions for f in fillers
-                                                        if f.num_retractions is not None]) else None,
-    )
-
-
-class _TrialRunner:
-    """Sends one trial's requests in the order its plan's arrival asks for and waits for all of them (a failed
-    filler is a broken server too)."""
-
-    def __init__(self, client: Client, pool: ThreadPoolExecutor, probe: dict, flush_wait_s: float):
-        self.client = client
-        self.pool = pool
-        self.probe = probe
-        self.flush_wait_s = flush_wait_s
-        self.solo_s = 0.0  # the probe's time alone, from the latest ALONE trial (every profile starts with one)
-
-    def _timed_probe(self) -> tuple[dict, float]:
-        start = time.monotonic()
-        body = self.client.generate(self.probe)[0]
-        return body, time.monotonic() - start
-
-    def _started_generate(self, started: threading.Semaphore, body: dict) -> list[dict]:
-        started.release()
-        return self.client.generate(body)
-
-    def _probe_after(self, started: threading.Semaphore, fillers: int, delay_s: float) -> tuple[dict, float]:
-        """The probe once every filler's thread is sending (the pool has a worker for each), and ``delay_s`` later."""
-        for _ in range(fillers):
-            started.acquire()
-        time.sleep(delay_s)
-        return self._timed_probe()
-
-    def _delayed(self, delay_s: float, body: dict) -> list[dict]:
-        time.sleep(delay_s)
-        return self.client.generate(body)
-
-    def run(self, plan: tr.TrialPlan) -> tuple[dict, list[list[dict] | dict]]:
-        """The probe's completion and each filler's answer (a list of completions, or a streamed last chunk)."""
-        if plan.flush_cache_first:
-            self.client.flush_cache(self.flush_wait_s)
-        submit, fillers = self.pool.submit, plan.fillers
-        if plan.arrival == tr.ALONE:
-            body, self.solo_s = self._timed_probe()
-            return body, []
-        if plan.arrival == tr.WARMED:
-            answers = [future.result() for future in [submit(self.client.generate, f.payload) for f in fillers]]
-            return self._timed_probe()[0], answers
-        if plan.arrival == tr.DURING:
-            half = len(fillers) // 2
-            futures = [submit(self.client.generate, f.payload) for f in fillers[:half]]
-            probe = submit(self._timed_probe)
-            futures += [submit(self.client.generate, f.payload) for f in fillers[half:]]
-        elif plan.arrival == tr.UNDER_PRESSURE:
-            # Every filler is queued first, so the probe is the youngest request: SGLang retracts the running
-            # request with the fewest output tokens first.
-            started = threading.Semaphore(0)
-            futures = [submit(self._started_generate, started, f.payload) for f in fillers]
-            probe = submit(self._probe_after, started, len(fillers),
-                           tr.PRESSURE_MIN_DELAY_S + plan.probe_delay_fraction * self.solo_s)
-        elif plan.arrival == tr.BEFORE:
-            probe = submit(self._timed_probe)
-            futures = [submit(self._delayed, f.delay_fraction * self.solo_s, f.payload) for f in fillers]
-        elif plan.arrival == tr.AFTER:
-            futures, first_chunks = [], []
-            for f in fillers:
-                if f.stream:
-                    event = threading.Event()
-                    futures.append(submit(self.client.generate_streamed, f.payload, event.set))
-                    first_chunks.append((event, futures[-1]))
-                else:
-                    futures.append(submit(self.client.generate, f.payload))
-            for event, future in first_chunks:
-                # A filler that fails (or times out, --timeout) before its first chunk ends the wait too.
-                while not event.wait(0.02) and not future.done():
-                    pass
-            probe = submit(self._timed_probe)
-        else:  # pragma: no cover - the plans only use the arrivals above
-            raise ValueError(f"unknown arrival {plan.arrival!r}")
-        wait(futures + [probe])
-        answers = [f.result() for f in futures]
-        return probe.result()[0], answers
-
-
-def _filler_record(filler: tr.Filler, answer: list[dict] | dict) -> FillerRecord:
-    first = answer[0] if isinstance(answer, list) else answer
-    sp = filler.payload["sampling_params"]
-    extra = {k: v for k, v in filler.payload.items() if k not in ("text", "sampling_params")}
-    return FillerRecord(kind=filler.kind, prompt_words=filler.prompt_words, max_new_tokens=sp["max_new_tokens"],
-                        sampling_params={**sp, **extra}, prompt_tokens=_int(_meta(first).get("prompt_tokens")),
-                        streamed=filler.stream, delay_fraction=filler.delay_fraction,
-                        num_retractions=_int(_meta(first).get("num_retractions")))
-
-
-def _tokens_per_word(client: Client, rng: random.Random) -> float:
-    body, words = tr.calibration_payload(rng)
-    tokens = _int(_meta(client.generate(body)[0]).get("prompt_tokens"))
-    if not tokens:
-        raise CliError(f"{client.url}/generate reports no meta_info.prompt_tokens, which the long profile sizes its "
-                       "prompts by; leave it out (--traffic uniform,mixed,prefix)")
-    return tokens / words
-
-
-def _plans(profile: str, *, client: Client, server: ServerInfo, prompt: str, trials: int, max_fillers: int,
-           max_new_tokens: int, rng: random.Random) -> tuple[list[tr.TrialPlan], tr.LongLengths | list[str] | None]:
-    """A profile's plans, and what sized them: the long profile's LongLengths, the pressure profile's notes."""
-    if profile == "uniform":
-        return tr.uniform_plan(trials, max_fillers, max_new_tokens, rng), None
-    if profile == "mixed":
-        return tr.mixed_plan(trials, max_fillers, max_new_tokens, rng), None
-    if profile == "prefix":
-        return tr.prefix_plan(prompt, max_new_tokens, rng), None
-    if profile == "pressure":
-        ratio = _tokens_per_word(client, rng)
-        try:
-            load = tr.pressure_load(max_total_num_tokens=server.max_total_num_tokens,
-                                    max_running_requests=server.max_running_requests, probe_new_tokens=max_new_tokens,
-                                    filler_prompt_tokens=tr.pressure_prompt_tokens(ratio))
-        except ValueError as e:
-            raise CliError(f"{e}; or leave it out of --traffic") from None
-        return tr.pressure_plan(trials, load, rng), load.notes
-    lengths = tr.long_lengths(chunked_prefill_size=server.chunked_prefill_size, context_length=server.context_length,
-                              max_req_input_len=server.max_req_input_len,
-                              max_total_num_tokens=server.max_total_num_tokens,
-                              filler_max_new_tokens=2 * max_new_tokens)
-    ratio = _tokens_per_word(client, rng)
-    lengths.notes.append(f"planned prompt lengths {lengths.lengths} tokens at {ratio:.2f} tokens per word (measured)")
-    return tr.long_plan(trials, lengths, ratio, max_new_tokens, rng), lengths
 
 
 def first_divergence(reference: Trial, trials: Sequence[Trial], use_ids: bool) -> Divergence | None:
@@ -247,7 +85,7 @@ def _check_against(other: Client, info: ServerInfo, probe: dict, seed: int, refe
     beside them) and compare its outputs with the checked server's reference."""
     plan = tr.TrialPlan("against", 0, tr.ALONE, label="the probe alone on the --against server")
     try:
-        sends = [_to_trial(i, plan, seed, other.generate(probe)[0], []) for i in range(AGAINST_SENDS)]
+        sends = [to_trial(i, plan, seed, other.generate(probe)[0], []) for i in range(AGAINST_SENDS)]
     except CliError as e:
         raise type(e)(f"--against {other.url}: {e}") from e
     ids = use_ids and all(t.output_ids is not None for t in sends)
@@ -403,19 +241,19 @@ def run_check(
                 # does not honour the seed) is said now, while stopping is still cheap; the CLI's summary repeats it.
                 for w in warnings:
                     print(f"warning: {w}", file=sys.stderr, flush=True)
-            runner = _TrialRunner(client, pool, probe, flush_wait_s=min(30.0, timeout))
+            runner = TrialRunner(client, pool, probe, flush_wait_s=min(30.0, timeout))
             for profile in profiles:
                 mine: list[Trial] = []
                 try:
-                    plans, lengths = _plans(profile, client=client, server=server, prompt=prompt, trials=trials,
+                    plans, lengths = profile_plans(profile, client=client, server=server, prompt=prompt, trials=trials,
                                             max_fillers=max_fillers, max_new_tokens=max_new_tokens, rng=rng)
                     for plan in plans:
                         where = f"{profile} trial {plan.index} ({plan.label})"
                         bar.show(where)
                         counted = retracted_requests_total(client) if plan.arrival == tr.UNDER_PRESSURE else None
                         body, answers = runner.run(plan)
-                        fillers = [_filler_record(f, a) for f, a in zip(plan.fillers, answers)]
-                        mine.append(_to_trial(len(results), plan, seed, body, fillers))
+                        fillers = [filler_record(f, a) for f, a in zip(plan.fillers, answers)]
+                        mine.append(to_trial(len(results), plan, seed, body, fillers))
                         if counted is not None and (after := retracted_requests_total(client)) is not None:
                             mine[-1].server_retractions = after - counted
                         results.append(mine[-1])
@@ -431,7 +269,7 @@ def run_check(
                 seed_plan = tr.TrialPlan("seeds", 0, tr.ALONE, label="distinct seed")
                 for s in seeds:
                     p = tr.payload(prompt, temperature=temperature, max_new_tokens=max_new_tokens, seed=s)
-                    outs.append(_to_trial(len(outs), seed_plan, s, client.generate(p)[0], []))
+                    outs.append(to_trial(len(outs), seed_plan, s, client.generate(p)[0], []))
                     bar.advance()
                 seeds_check = SeedsCheck(seeds=list(seeds), outputs=outs, collisions=[])
 
