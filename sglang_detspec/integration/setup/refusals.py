@@ -186,6 +186,18 @@ REFUSALS: Dict[str, Refusal] = {
         "adaptive speculation makes a request's draft length depend on the batch size",
         "Drop --speculative-adaptive.",
     ),
+    # Read from SGLang (0.5.17 - 0.5.23): release_memory_occupation pauses the draft's weights with the target's
+    # (load_model_utils: one GPU_MEMORY_TYPE_WEIGHTS region, CPU backup only with the two flags), but
+    # update_weights_from_disk hands the draft the *target's* checkpoint, whose names the EAGLE draft loader skips,
+    # and update_weights_from_tensor only reaches the draft with the draft's own tensor names.
+    "memory_saver_draft_weights": Refusal(
+        "--enable-memory-saver without --enable-draft-weights-cpu-backup or --enable-weights-cpu-backup",
+        "release_memory_occupation would discard the draft's weights and the usual re-push after resume "
+        "(update_weights_from_disk / _from_tensor of the target's weights) does not restore them, so a seeded "
+        "request's tokens would silently change after resume",
+        "Add --enable-draft-weights-cpu-backup (keeps the draft's weights in CPU memory across a release; the draft is "
+        "small), or --enable-weights-cpu-backup.",
+    ),
     "no_draft_model": Refusal(
         "no --speculative-draft-model-path",
         "the draft worker needs a draft checkpoint",

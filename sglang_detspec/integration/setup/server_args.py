@@ -181,6 +181,10 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
         raise refuse("simulated_acceptance", name, simulate=simulate)
     if DETSPEC_TWINS[name] == "EAGLE3" and _flag(server_args, "enable_attn_tp_input_scattered", False):
         raise refuse("attn_tp_input_scattered", name)
+    if _flag(server_args, "enable_memory_saver", False) and not (
+            _flag(server_args, "enable_draft_weights_cpu_backup", False)
+            or _flag(server_args, "enable_weights_cpu_backup", False)):
+        raise refuse("memory_saver_draft_weights", name)
 
 
 def _simulated_acceptance_length() -> float:

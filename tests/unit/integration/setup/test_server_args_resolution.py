@@ -212,6 +212,9 @@ REFUSALS = [
     ("input-scattered-eagle3", "DETSPEC_EAGLE3", dict(enable_attn_tp_input_scattered=True),
      "--enable-attn-tp-input-scattered", None),
     ("no-draft", "DETSPEC_EAGLE", dict(speculative_draft_model_path=None), "--speculative-draft-model-path", None),
+    # A release would discard the draft's weights, and nothing re-pushes them (refusals.py says why).
+    ("memory-saver-without-draft-backup", "DETSPEC_EAGLE", dict(enable_memory_saver=True),
+     "--enable-memory-saver without --enable-draft-weights-cpu-backup", None),
     # SGLang would reset these to steps + 1 (a log line, the launch goes on); an explicit value is refused instead.
     ("draft-tokens-off-the-chain", "DETSPEC_EAGLE", dict(speculative_num_steps=2, speculative_num_draft_tokens=7),
      "--speculative-num-draft-tokens 7 and --speculative-num-steps 2", None),
@@ -232,6 +235,13 @@ def test_refusal(models, case):
     assert isinstance(info.value, ValueError)
     msg = str(info.value)
     assert text in msg and name in msg, msg
+
+
+@pytest.mark.parametrize("backup", ["enable_draft_weights_cpu_backup", "enable_weights_cpu_backup"])
+def test_memory_saver_is_accepted_with_a_cpu_backup_of_the_draft_weights(models, backup):
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", enable_memory_saver=True, **{backup: True}))
+    assert resolved(sa, "speculative_algorithm", "enable_memory_saver", backup) == {
+        "speculative_algorithm": "DETSPEC_EAGLE", "enable_memory_saver": True, backup: True}
 
 
 def test_refuses_reduced_eagle3_draft_vocab(models):
