@@ -60,10 +60,12 @@ def _hot_chain_kernel(
     while (step < NUM_SLOTS) and (continue_verifying == 1):
         draft_token = tl.load(cand_ptr + step * stride_cand_s)
         p = tl.load(TargetProbs + pid * stride_tp_b + cur_prob_row * stride_tp_s + draft_token * stride_tp_v)
-        q = _hot_q(DraftProbs + pid * stride_dp_b + cur_prob_row * stride_dp_s, stride_dp_v, TargetToDraft,
-                   draft_token, True)
+        d = tl.load(TargetToDraft + draft_token)  # a proposal off the hot set has q = 0
+        q = tl.load(DraftProbs + pid * stride_dp_b + cur_prob_row * stride_dp_s
+                    + tl.maximum(d, 0).to(tl.int64) * stride_dp_v)
+        q = tl.where(d >= 0, q, 0.0)
         coin = tl.load(uni_ptr + (step - 1) * stride_uni_s)
-        q_is_prob = (q > 0.0) & (q <= 1.0)  # a proposal off the hot set has q = 0: rejected
+        q_is_prob = (q > 0.0) & (q <= 1.0)
         if q_is_prob & (coin * q < p):
             num_accept += 1
             cur_prob_row = step
