@@ -14,6 +14,8 @@
   servers; its tile follows M, its reduction over K does not. :mod:`.row_invariance` holds its self-check
   (``find_row_variance``, ``check_weight_rows``).
 * ``fused_add_rms_norm`` (:mod:`.rms_norm`): residual add + RMSNorm, one program per row.
+* :mod:`.seeded_hot_draft_sample` and :mod:`.hot_chain_verify`: the draft draw and the chain rejection verify of a
+  reduced-vocabulary ("hot token") draft, keyed by target id (imported from their modules).
 
 Shared pieces: :mod:`.hashing` (the key hash), :mod:`.coupled_scoring` (the coupled kernels' exact float64 score),
 :mod:`.launch_checks` (the launch preconditions every wrapper checks).

@@ -60,6 +60,7 @@ __all__ = [
     "position_with_hash",
     "resolve_uniform",
     "coupled_gumbel_reference",
+    "coupled_hot_race_reference",
     "coupled_race_reference",
     "coupled_race_reference_probs",
     "coupled_verify_reference",
@@ -135,10 +136,11 @@ def check_coupled_race_inputs(logprobs, seeds, positions, uniform=None, *, float
 
 def coupled_gumbel_reference(
     seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, *, cap_unit_uniform: bool = True,
-    uniform: Optional[str] = None,
+    uniform: Optional[str] = None, token_ids: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """SGLang's float64 Gumbel noise ``[R, V]`` for token ids ``0..V-1`` (the module docstring's ``g``)."""
-    cols = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
+    """SGLang's float64 Gumbel noise ``[R, V]`` for token ids ``0..V-1`` (the module docstring's ``g``), or
+    ``[R, len(token_ids)]`` for the given (target) token ids."""
+    cols = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device) if token_ids is None else token_ids
     hashed = murmur3_unsalted_hash(seeds, positions, cols)
     x = hashed.to(torch.float64)
     if uniform is None:
@@ -168,6 +170,27 @@ def coupled_race_reference(
         seeds, positions, logprobs.shape[1], cap_unit_uniform=cap_unit_uniform, uniform=uniform
     )
     return gumbel.add_(logprobs.to(torch.float64)).argmax(dim=1)
+
+
+def coupled_hot_race_reference(
+    logprobs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, hot_to_target: torch.Tensor, *,
+    cap_unit_uniform: bool = True, uniform: Optional[str] = None,
+) -> torch.Tensor:
+    """The race of a reduced-vocabulary draft: ``logprobs`` ``[R, Vd]`` over the hot tokens, each raced with the
+    Gumbel noise of its TARGET id ``hot_to_target[j]``; returns the winning target ids (int64 ``[R]``), the first
+    NaN or the first maximum by target id.  Equal to the full race on the scattered log q (``-inf`` off the hot set)
+    wherever that race's winner is finite; only 0.5.17's uncapped ``+inf`` noise can make an off-set token win there
+    (``+inf + -inf = NaN``), which a reduced draft, having no such token, cannot propose."""
+    check_coupled_race_inputs(logprobs, seeds, positions, uniform)
+    if not isinstance(hot_to_target, torch.Tensor) or hot_to_target.dtype != torch.int64 \
+            or tuple(hot_to_target.shape) != (logprobs.shape[1],):
+        raise ValueError(f"hot_to_target must be int64 [{logprobs.shape[1]}] (one target id per draft column), got "
+                         f"{getattr(hot_to_target, 'dtype', None)} {tuple(getattr(hot_to_target, 'shape', ()))}")
+    gumbel = coupled_gumbel_reference(seeds, positions, 0, cap_unit_uniform=cap_unit_uniform, uniform=uniform,
+                                      token_ids=hot_to_target)
+    by_target = torch.argsort(hot_to_target)
+    pick = gumbel.add_(logprobs.to(torch.float64))[:, by_target].argmax(dim=1)
+    return hot_to_target[by_target[pick]]
 
 
 def coupled_race_reference_probs(probs: torch.Tensor, seeds, positions, **variant) -> torch.Tensor:

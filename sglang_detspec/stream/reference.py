@@ -80,10 +80,18 @@ def murmur3_draft_hash(
 ) -> torch.Tensor:
     """The draft-stream hashes ``[B, V]`` (int64 holding uint32) for seeds ``[B]``, positions ``[B]``."""
     keys.check_draft_step(draft_step, vocab_size)
+    cols = torch.arange(vocab_size, dtype=torch.int64, device=sampling_seed.device) + draft_step * vocab_size
+    return murmur3_salted_hash(sampling_seed, positions, cols)
+
+
+def murmur3_salted_hash(sampling_seed: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """The draft (salted) key space for arbitrary column words ``cols`` (``draft_step * V + token``, uint32
+    values in int64): hashes ``[B, len(cols)]`` as int64.  A reduced-vocabulary draft hashes its hot tokens'
+    TARGET columns this way (:mod:`sglang_detspec.stream.hot_vocab`)."""
     lo, hi = _seed_words(sampling_seed.reshape(-1), keys.DRAFT_SEED_SALT)
     pos = positions.reshape(-1).to(torch.int64) & _M32
-    cols = torch.arange(vocab_size, dtype=torch.int64, device=sampling_seed.device) + draft_step * vocab_size
-    return murmur3_words(lo[:, None], hi[:, None], pos[:, None], cols[None, :])
+    c = cols.reshape(-1).to(torch.int64) & _M32
+    return murmur3_words(lo[:, None], hi[:, None], pos[:, None], c[None, :])
 
 
 def murmur3_unsalted_hash(seed: torch.Tensor, positions: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -98,8 +106,12 @@ def draft_scores(
     probs: torch.Tensor, sampling_seed: torch.Tensor, positions: torch.Tensor, draft_step: int = 0
 ) -> torch.Tensor:
     """Float64 race scores ``p / -log((h + 0.5) / 2**32)`` in upstream's exact operation order, ``[B, V]``."""
-    h = murmur3_draft_hash(sampling_seed, positions, draft_step, probs.shape[-1])
-    scores = h.to(torch.float64)
+    return race_scores(murmur3_draft_hash(sampling_seed, positions, draft_step, probs.shape[-1]), probs)
+
+
+def race_scores(hashes: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Float64 ``probs / -log((h + 0.5) / 2**32)`` of hashes and probabilities of one shape, upstream's order."""
+    scores = hashes.to(torch.float64)
     scores.add_(0.5).div_(2.0**32).log_().neg_().reciprocal_()
     return scores.mul_(probs)
 

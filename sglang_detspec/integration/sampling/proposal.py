@@ -37,6 +37,7 @@ import torch
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.stream.draft_contract import check_draft_rows
+from sglang_detspec.stream.hot_vocab import HotVocab
 
 __all__ = ["coupled_draft_proposal", "draft_proposal_probs", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
 
@@ -76,6 +77,8 @@ def seeded_draft_proposal(
     positions: torch.Tensor,
     draft_step: int,
     top_ks: Optional[torch.Tensor] = None,
+    *,
+    hot_vocab: Optional[HotVocab] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Seeded draft proposal: ``(topk_p [B,1] float32, topk_index [B,1] int64)``.
 
@@ -87,13 +90,19 @@ def seeded_draft_proposal(
             draft-extend proposal, ``i + 1`` for draft-decode step ``i``).
         top_ks: optional ``[B]`` per-request top-k; rows with ``top_k <= 1``
             propose ``argmax(probs)`` (first index) instead of a random draw.
+        hot_vocab: a reduced-vocabulary draft's map: ``probs`` is then ``[B, Vd]`` over its hot tokens, the
+            draw is keyed by TARGET id (:mod:`sglang_detspec.stream.hot_vocab`; greedy rows take the
+            lowest-target-id argmax), and ``topk_index`` is the DRAFT index, which SGLang's draft loop maps
+            through its own ``hot_token_id``.
     """
     # The shared contract's per-row part: probs may still be half precision here (cast below).
     check_draft_rows(probs, sampling_seed, positions)
     bs = probs.shape[0]
     greedy = greedy_mask_from_top_ks(top_ks, bs)
     if scheme.current() == scheme.COUPLED:
-        return coupled_draft_proposal(probs, sampling_seed, positions, greedy=greedy)
+        return coupled_draft_proposal(probs, sampling_seed, positions, greedy=greedy, hot_vocab=hot_vocab)
+    if hot_vocab is not None:
+        return _hot_draft_proposal(probs, sampling_seed, positions, int(draft_step), greedy, hot_vocab)
     if probs.is_cuda:
         # Imported lazily: the kernel module defines Triton kernels, which must
         # be imported after TRITON_INTERPRET is decided (tests set it on CPU).
@@ -113,12 +122,26 @@ def seeded_draft_proposal(
     )
 
 
+def _hot_draft_proposal(probs, sampling_seed, positions, draft_step, greedy, hot_vocab):
+    """A reduced draft's seeded proposal ``(q(X), draft index of X)``, X raced under its target id."""
+    if probs.is_cuda:
+        from sglang_detspec.kernels.seeded_hot_draft_sample import seeded_hot_draft_sample
+    else:
+        from sglang_detspec.stream.hot_vocab import seeded_hot_draft_sample
+    draw = seeded_hot_draft_sample(
+        probs.float(), sampling_seed, positions, draft_step, hot_vocab.hot_to_target, hot_vocab.target_vocab_size,
+        greedy=greedy,
+    )
+    return probs.gather(1, draw.draft_index), draw.draft_index
+
+
 def coupled_draft_proposal(
     probs: torch.Tensor,
     sampling_seed: torch.Tensor,
     positions: torch.Tensor,
     *,
     greedy: Optional[torch.Tensor] = None,
+    hot_vocab: Optional[HotVocab] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The coupled proposal ``(q(Y) [B,1] float32-or-q's-dtype, Y [B,1] int64)``, ``Y = argmax(log q + G)``.
 
@@ -128,6 +151,10 @@ def coupled_draft_proposal(
     division on this device. Greedy rows (``greedy[b]``) propose the first argmax of ``probs``, which is what the
     target's race picks for a ``top_k = 1`` row. Which token the draft proposes changes only how many tokens are
     accepted, never which tokens are emitted.
+
+    With ``hot_vocab`` (a reduced draft, ``probs`` ``[B, Vd]``) each hot token races with its TARGET id's noise and
+    the returned index is its draft index (SGLang maps it through ``hot_token_id``); CPU tensors only for now: the
+    Triton race keys by column index.
     """
     q32 = probs.float()  # exact for half-precision q (a no-op for float32); the race reads float32 log q
     seeds = sampling_seed[: probs.shape[0]].to(torch.int64)
@@ -135,6 +162,8 @@ def coupled_draft_proposal(
     if pos.dtype not in (torch.int32, torch.int64):
         pos = pos.to(torch.int64)
     cap = compat.seeded_race_caps_unit_uniform()
+    if hot_vocab is not None:
+        return _coupled_hot_proposal(probs, q32, seeds, pos, greedy, hot_vocab, cap)
     if probs.is_cuda:
         from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs
 
@@ -146,4 +175,24 @@ def coupled_draft_proposal(
     if greedy is not None:
         tokens = torch.where(greedy, probs.argmax(dim=1), tokens)
     index = tokens.view(-1, 1)
+    return probs.gather(1, index), index
+
+
+def _coupled_hot_proposal(probs, q32, seeds, pos, greedy, hot_vocab, cap):
+    """The coupled proposal of a reduced draft: ``(q(Y), draft index of Y)``, Y the target id that wins the race."""
+    if probs.is_cuda:
+        raise NotImplementedError(
+            "sglang-detspec: the speculation-invariant mode has no Triton race for a reduced-vocabulary draft yet "
+            "(kernels/coupled_race_probs.py keys each column by its own index); serve this draft with DETSPEC_EAGLE3 "
+            "or a draft whose vocabulary is the target's"
+        )
+    from sglang_detspec.stream.coupled_reference import coupled_hot_race_reference
+
+    hot = hot_vocab.hot_to_target
+    tokens = coupled_hot_race_reference(torch.log(q32), seeds, pos, hot, cap_unit_uniform=cap)
+    index = hot_vocab.target_to_draft.to(torch.int64)[tokens]
+    if greedy is not None:
+        by_target = torch.argsort(hot)
+        index = torch.where(greedy, by_target[probs[:, by_target].argmax(dim=1)], index)
+    index = index.view(-1, 1)
     return probs.gather(1, index), index
