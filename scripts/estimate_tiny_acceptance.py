@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Offline (CPU) rejection-sampling accept length of the weighted tiny pair's EAGLE and EAGLE3 drafts.
+"""Offline (CPU) rejection-sampling accept length of the weighted tiny pair's EAGLE and EAGLE3 drafts, or of a
+model-family pair's draft (``--pair qwen3_eagle3|qwen3_moe|deepseek_mtp``).
 
-Usage: python scripts/estimate_tiny_acceptance.py [--root DIR] [--prompts 16] [--new-tokens 64] [--steps 3]
-                                                  [--temperature 1.0] [--seed 0] [--json]
-Builds the weighted pair once (``ensure_tiny_models(pair="weighted")``), then simulates speculative
+Usage: python scripts/estimate_tiny_acceptance.py [--pair weighted] [--root DIR] [--prompts 16] [--new-tokens 64]
+                                                  [--steps 3] [--temperature 1.0] [--seed 0] [--json]
+Builds the pair once (``ensure_tiny_models(pair="weighted")`` or ``ensure_family_pair``), then simulates speculative
 decoding with ``--steps`` chained drafts per verify from ``--prompts`` random prompts (8 tokens each,
-drawn from the seed) on the float32 CPU reference (``sglang_detspec.models.tiny_reference``). The accept length
+drawn from the seed) on the float32 CPU reference (``sglang_detspec.models.tiny_reference``, ``family_reference``). The accept length
 is tokens per verify step (accepted drafts + 1), at most steps + 1, as SGLang reports it.
 """
 import argparse
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_detspec.models.family_config import FAMILY_PAIRS
 from sglang_detspec.models.model_cache import tree_digest
 from sglang_detspec.models.tiny_models import ensure_tiny_models
 from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
@@ -25,6 +27,8 @@ FIRST_ORDINARY_TOKEN = 3  # ids 0-2 are <s>, </s>, <unk>
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="weighted", choices=("weighted",) + FAMILY_PAIRS,
+                    help="the weighted tiny pair (EAGLE and EAGLE3) or a model-family pair (default: weighted)")
     ap.add_argument("--root", type=Path, default=None, help="cache root (default: user cache dir)")
     ap.add_argument("--prompts", type=int, default=16, help="number of random prompts (default 16)")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
@@ -39,22 +43,29 @@ def main(argv=None) -> int:
     if args.temperature <= 0:
         ap.error("--temperature must be positive (greedy decoding needs no estimate: it accepts by argmax)")
 
-    models = ensure_tiny_models(args.root, pair="weighted")
-    ref = load_reference(models)
+    if args.pair == "weighted":
+        models, kinds = ensure_tiny_models(args.root, pair="weighted"), ("eagle", "eagle3")
+        ref = load_reference(models)
+    else:
+        from sglang_detspec.models.family_pairs import ensure_family_pair
+        from sglang_detspec.models.family_reference import DRAFT_KIND, load_family_reference
+
+        models, kinds = ensure_family_pair(args.root, args.pair), (DRAFT_KIND[args.pair],)
+        ref = load_family_reference(models, args.pair)
     gen = torch.Generator().manual_seed(args.seed)
     vocab = ref.cfg["vocab_size"]
     prompts = [torch.randint(FIRST_ORDINARY_TOKEN, vocab, (PROMPT_TOKENS,), generator=gen).tolist() for _ in range(args.prompts)]
-    result = {"models": str(models.target.parent), "digest": tree_digest(models.target.parent), "steps": args.steps,
+    result = {"pair": args.pair, "models": str(models.target.parent), "digest": tree_digest(models.target.parent), "steps": args.steps,
               "temperature": args.temperature, "prompts": args.prompts, "new_tokens": args.new_tokens}
-    for kind in ("eagle", "eagle3"):
+    for kind in kinds:
         est = estimate_accept_length(ref, kind, prompts=prompts, new_tokens=args.new_tokens, steps=args.steps,
                                      temperature=args.temperature, seed=args.seed)
         result[kind] = est._asdict()
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"weighted tiny pair: {result['models']} (sha256 of the tree {result['digest'][:16]}...)")
-        for kind in ("eagle", "eagle3"):
+        print(f"{args.pair} pair: {result['models']} (sha256 of the tree {result['digest'][:16]}...)")
+        for kind in kinds:
             e = result[kind]
             print(f"{kind:7s} accept length {e['accept_length']:.3f} +- {e['accept_length_stderr']:.3f} of "
                   f"{args.steps + 1} over {e['verify_steps']} verify steps; "

@@ -333,8 +333,9 @@ def _add_serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="deterministic inference allows fa3, fa4, flashinfer, triton (default: %(default)s)")
     p.add_argument("--host", default=d.host, help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="port to listen on (default: %(default)s)")
-    p.add_argument("--tiny-pair", choices=serve.TINY_PAIRS, default=d.tiny_pair,
-                   help="which embedded tiny pair to serve without --model-path (default: %(default)s)")
+    p.add_argument("--tiny-pair", choices=serve.SERVABLE_PAIRS, default=d.tiny_pair,
+                   help="which embedded tiny pair to serve without --model-path; qwen3_eagle3, qwen3_moe and "
+                   "deepseek_mtp are seeded stand-ins for those model families (default: %(default)s)")
     p.add_argument("--tiny-models-dir", default=None,
                    help="where to build/cache the tiny models (default: the user's cache directory)")
     p.add_argument("--dry-run", action="store_true",

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from sglang_detspec.command_base import DETSPEC_ALGORITHMS, PROG, CliError
+from sglang_detspec.models.family_config import FAMILY_ALGORITHMS, FAMILY_PAIRS
 from sglang_detspec.models.tiny_config import MAX_POS, TINY_PAIRS
 from sglang_detspec.models.tiny_models import ensure_tiny_models
-from sglang_detspec.models.tiny_servers import server_flags
+from sglang_detspec.models.tiny_servers import SERVABLE_PAIRS, server_flags
 
-# DETSPEC_ALGORITHMS and TINY_PAIRS are the command's --algorithm and --tiny-pair choices.
-__all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
+# DETSPEC_ALGORITHMS and SERVABLE_PAIRS are the command's --algorithm and --tiny-pair choices.
+__all__ = ["DETSPEC_ALGORITHMS", "TINY_PAIRS", "SERVABLE_PAIRS", "ServeDefaults", "build_serve_command", "printable_command",
            "resolve_launch", "check_sglang_parses", "check_can_launch", "cuda_available", "plugin_installed", "run_forwarding_signals"]
 
 
@@ -77,15 +78,7 @@ def build_serve_command(
     if tiny:
         if draft_model_path is not None:
             raise CliError("--draft-model-path needs --model-path (the tiny target comes with its own drafts)")
-        try:
-            models = ensure_tiny_models(tiny_models_dir, pair=tiny_pair)
-        except NotImplementedError as e:
-            raise CliError(f"the {tiny_pair!r} tiny pair cannot be built by this installation ({e}); "
-                           "use --tiny-pair dummy") from e
-        except (OSError, RuntimeError, ValueError) as e:
-            raise CliError(f"building the {tiny_pair!r} tiny models failed: {e}") from e
-        model_path = str(models.target)
-        draft_model_path = str(models.eagle3_draft if algorithm.startswith("DETSPEC_EAGLE3") else models.eagle_draft)
+        model_path, draft_model_path = _tiny_pair_paths(tiny_pair, algorithm, tiny_models_dir)
         # The tiny models carry a local tokenizer (and generated or dummy weights): nothing may be downloaded.
         for k, v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}.items():
             if env.get(k) != v:
@@ -128,6 +121,27 @@ def build_serve_command(
     cmd += list(passthrough)
     _check_values(cmd[3:])
     return cmd, env_changes
+
+
+def _tiny_pair_paths(tiny_pair: str, algorithm: str, tiny_models_dir: str | None) -> tuple[str, str]:
+    """Build (once, cached) the embedded pair ``tiny_pair`` and return its (target, draft) directories for
+    ``algorithm``. A model-family pair has one draft, served by the algorithms ``FAMILY_ALGORITHMS`` names."""
+    if tiny_pair in FAMILY_PAIRS and algorithm not in FAMILY_ALGORITHMS[tiny_pair]:
+        raise CliError(f"--tiny-pair {tiny_pair} is served with --algorithm "
+                       f"{' or '.join(FAMILY_ALGORITHMS[tiny_pair])} (its draft's kind), not {algorithm}")
+    try:
+        if tiny_pair in FAMILY_PAIRS:
+            from sglang_detspec.models.family_pairs import ensure_family_pair
+
+            pair = ensure_family_pair(tiny_models_dir, tiny_pair)
+            return str(pair.target), str(pair.draft)
+        models = ensure_tiny_models(tiny_models_dir, pair=tiny_pair)
+    except NotImplementedError as e:
+        raise CliError(f"the {tiny_pair!r} tiny pair cannot be built by this installation ({e}); "
+                       "use --tiny-pair dummy") from e
+    except (OSError, RuntimeError, ValueError) as e:
+        raise CliError(f"building the {tiny_pair!r} tiny models failed: {e}") from e
+    return str(models.target), str(models.eagle3_draft if algorithm.startswith("DETSPEC_EAGLE3") else models.eagle_draft)
 
 
 def _looks_local(path: str) -> bool:

@@ -10,9 +10,10 @@ import os
 from pathlib import Path
 from typing import List
 
-from sglang_detspec.models.tiny_config import MAX_POS, check_pair
+from sglang_detspec.models.family_config import FAMILY_PAIRS
+from sglang_detspec.models.tiny_config import MAX_POS, TINY_PAIRS
 
-__all__ = ["TINY_SERVER_FLAGS", "server_flags", "SPEC_SHAPE", "CUDA_GRAPH_MAX_BS", "CONTEXT_LENGTH", "GRAPHS_OFF",
+__all__ = ["SERVABLE_PAIRS", "TINY_SERVER_FLAGS", "server_flags", "SPEC_SHAPE", "CUDA_GRAPH_MAX_BS", "CONTEXT_LENGTH", "GRAPHS_OFF",
            "tiny_pair", "common_args", "eagle_args"]
 
 # ``sglang.launch_server`` flags for serving the tiny pair, shared by ``sglang-detspec serve`` and the end-to-end
@@ -37,13 +38,23 @@ _COMMON_SERVER_FLAGS = (
 TINY_SERVER_FLAGS = _DUMMY_LOAD_FLAGS + _COMMON_SERVER_FLAGS
 
 
-def server_flags(pair: str) -> tuple:
-    """``sglang.launch_server`` flags for serving ``pair``: ``((flag, (value, ...)), ...)``.
+#: Every pair ``serve --tiny-pair`` builds and serves: the Llama-shaped tiny pairs, then the model-family pairs
+#: (:mod:`.family_config`).
+SERVABLE_PAIRS = TINY_PAIRS + FAMILY_PAIRS
 
-    The dummy pair's include ``--load-format dummy`` (and the draft's); the weighted pair's load the
-    generated safetensors with SGLang's default load format, so they carry no load-format flag.
+
+def server_flags(pair: str) -> tuple:
+    """``sglang.launch_server`` flags for serving ``pair`` (one of :data:`SERVABLE_PAIRS`): ``((flag, (value, ...)),
+    ...)``.
+
+    The dummy pair's include ``--load-format dummy`` (and the draft's); the weighted pair's and the model-family
+    pairs' load the generated safetensors with SGLang's default load format, so they carry no load-format flag.
+    (DeepSeek-V3's deterministic mode allows only the fa3 / fa4 / triton attention backends; ``serve`` and the E2E
+    servers pass triton, which SGLang checks at start-up, so no flag here repeats it.)
     """
-    return TINY_SERVER_FLAGS if check_pair(pair) == "dummy" else _COMMON_SERVER_FLAGS
+    if pair not in SERVABLE_PAIRS:
+        raise ValueError(f"unknown tiny model pair {pair!r}; choose one of {', '.join(map(repr, SERVABLE_PAIRS))}")
+    return TINY_SERVER_FLAGS if pair == "dummy" else _COMMON_SERVER_FLAGS
 
 
 SPEC_SHAPE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
