@@ -349,7 +349,7 @@ def test_invariant_speculates_and_the_control_differs(runs, pair, n):
 
 
 @pytest.mark.e2e_server(fh.server_name("qwen3_eagle3", "detspec_eagle3"))
-def test_reduced_vocabulary_draft_is_refused_at_startup(e2e_pool):
+def test_qwen3_eagle3_reduced_vocabulary_draft_is_refused_at_startup(e2e_pool):
     """Until the plugin accepts reduced draft vocabularies: the server exits at start-up with the ``draft_vocab``
     refusal, which names the sizes and a fix."""
     from sglang_detspec.integration.setup.refusals import refuse
@@ -366,7 +366,7 @@ def test_reduced_vocabulary_draft_is_refused_at_startup(e2e_pool):
 
 
 @pytest.mark.e2e_server(fh.server_name("deepseek_mtp", "detspec_flashinfer"))
-def test_deepseek_on_flashinfer_is_refused_in_deterministic_mode(e2e_pool):
+def test_deepseek_mtp_on_flashinfer_is_refused_in_deterministic_mode(e2e_pool):
     """SGLang's deterministic mode refuses a DeepSeek model on flashinfer; measured at start-up, message recorded."""
     srv = e2e_pool.get(fh.server_name("deepseek_mtp", "detspec_flashinfer"))
     rc = srv.wait_exit(e2e_pool.timeout)

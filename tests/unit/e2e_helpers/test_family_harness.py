@@ -57,8 +57,8 @@ def test_the_e2e_module_asks_for_every_served_pairs_servers_and_the_refusals():
 
     marked = {m.args[0] for p in e2e.PAIR_PARAMS for m in p.marks if m.name == "e2e_server"}
     assert marked == {n for p in fh.E2E_PAIRS for n in fh.pair_servers(p)}
-    for test in (e2e.test_reduced_vocabulary_draft_is_refused_at_startup,
-                 e2e.test_deepseek_on_flashinfer_is_refused_in_deterministic_mode):
+    for test in (e2e.test_qwen3_eagle3_reduced_vocabulary_draft_is_refused_at_startup,
+                 e2e.test_deepseek_mtp_on_flashinfer_is_refused_in_deterministic_mode):
         (mark,) = [m for m in test.pytestmark if m.name == "e2e_server"]
         assert fh.parse_server_name(mark.args[0]) in fh.REFUSED
     assert set(e2e.CHECKS) | set(e2e.SWEEP_ROLES) <= set(fh.ROLES) == set(e2e.LOG_LINES)
