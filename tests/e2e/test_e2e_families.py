@@ -267,10 +267,15 @@ def test_one_probe_output_under_every_profile(runs, pair, role):
 @pytest.mark.parametrize("role", ONE_OUTPUT)
 @pytest.mark.parametrize("pair", PAIR_PARAMS)
 def test_accept_length_shows_partly_accepted_drafts(runs, pair, role):
-    """The pairs are built for an accept length of 1.5 - 3.5 of 4 (CPU estimates in docs/families.md)."""
+    """The pairs are built for a rejection-sampling accept length of 1.5 - 3.5 of 4 (CPU estimates in
+    docs/families.md). The invariant mode's coupling accepts by another rule, with no estimate yet: there the test
+    only asks that some drafts were accepted, and records the value."""
     accept = runs.check(pair, role)["report"].get("probe_accept_length")
     assert accept is not None, "no spec_verify_ct in meta_info: speculation did not run"
-    assert ACCEPT_RANGE[0] <= accept <= ACCEPT_RANGE[1], accept
+    if role.startswith("invariant"):
+        assert accept > 1.0, accept
+    else:
+        assert ACCEPT_RANGE[0] <= accept <= ACCEPT_RANGE[1], accept
 
 
 @pytest.mark.parametrize("pair", PAIR_PARAMS)
