@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 import e2e_harness
+import family_harness
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e_server(name): the SGLang server configuration the test needs")
+    config.addinivalue_line("markers", "slow: a long E2E variant, run only when its module's switch asks for it")
 
 
 class _Pool(e2e_harness.ServerPool):
@@ -39,12 +41,15 @@ def tiny_models():
 
 @pytest.fixture(scope="session")
 def e2e_pool(request, tiny_models):
-    pool = _Pool(e2e_harness.server_specs(tiny_models))
     needed = []
     for item in request.session.items:
         for m in item.iter_markers("e2e_server"):
             if m.args[0] not in needed:
                 needed.append(m.args[0])
+    # The model-family servers (tests/e2e/test_e2e_families.py): only the pairs the selected tests name are built.
+    root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
+    pool = _Pool({**e2e_harness.server_specs(tiny_models),
+                  **family_harness.family_specs(Path(root) if root else None, needed)})
     pool.prelaunch = needed
     e2e_harness.record("_servers_planned", needed)
     yield pool
