@@ -18,8 +18,9 @@ FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
-def _prose_lines(text: str):
-    """The lines outside fenced and indented code blocks, with inline code spans blanked (links there are code)."""
+def _prose_lines(text: str, blank_code: bool = True):
+    """The lines outside fenced and indented code blocks, with inline code spans blanked (links there are code)
+    unless ``blank_code`` is False (headings: GitHub slugs the code's text too)."""
     in_fence = False
     for line in text.splitlines():
         if FENCE.match(line.lstrip()):
@@ -27,7 +28,7 @@ def _prose_lines(text: str):
             continue
         if in_fence or line.startswith("    ") or line.startswith("\t"):
             continue
-        yield re.sub(r"`[^`]*`", lambda m: " " * len(m.group()), line)
+        yield re.sub(r"`[^`]*`", lambda m: " " * len(m.group()), line) if blank_code else line
 
 
 def github_slug(heading: str) -> str:
@@ -43,7 +44,7 @@ def anchors(page: Path) -> set:
     """Every heading anchor of ``page``; repeated slugs get -1, -2, ... as on GitHub."""
     seen: dict = {}
     out = set()
-    for line in _prose_lines(page.read_text(encoding="utf-8")):
+    for line in _prose_lines(page.read_text(encoding="utf-8"), blank_code=False):
         m = HEADING.match(line)
         if not m:
             continue
@@ -102,6 +103,12 @@ def test_the_pages_link_to_each_other():
 ])
 def test_slugs_follow_github(heading, slug):
     assert github_slug(heading) == slug
+
+
+def test_a_heading_with_inline_code_keeps_the_codes_text_in_its_anchor(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n## Parallel samples (`n > 1`)\n\n## `--flag` and more\n")
+    assert anchors(page) == {"page", "parallel-samples-n--1", "--flag-and-more"}
 
 
 def test_a_broken_link_and_a_missing_anchor_are_reported(tmp_path):
