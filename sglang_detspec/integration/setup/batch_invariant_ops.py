@@ -24,6 +24,15 @@ numbers; ``sglang`` -- SGLang's own ops everywhere; ``all`` -- the plugin's ops 
 process with the plugin installed (e.g. to benchmark built-in deterministic EAGLE on them). Anything else is refused.
 With ``--rl-on-policy-target`` SGLang's own ops always run: their numbers are the ones matched to the trainer's.
 
+The speculation-invariant draft on cuBLAS
+----------------------------------------
+``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1`` (opt-in until measured on a GPU): on a ``DETSPEC_*_INVARIANT`` server
+every forward of the draft model computes its GEMMs with cuBLAS (``aten::addmm.out``, which SGLang's deterministic
+mode leaves alone on every release) instead of a batch-invariant kernel. The invariant mode's tokens are the
+target's seeded race's, whatever the draft proposed (the draft only changes how many are accepted), so its draft
+needs no batch invariance. The draft's attention, norms and sampling are unchanged. ``DETSPEC_EAGLE`` / ``EAGLE3``
+keep their draft batch-invariant: their tokens depend on the draft's ``q``.
+
 Start-up self-check
 -------------------
 After the model loads, every distinct weight shape of its linear layers and LM head runs through the installed
@@ -34,6 +43,8 @@ CUDA graphs: both kernels are plain Triton launches, captured like SGLang's own.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
@@ -47,10 +58,14 @@ __all__ = [
     "MATMUL_HOOK_TARGET",
     "OPS_ENV",
     "RMS_NORM_HOOK_TARGET",
+    "FAST_DRAFT_ENV",
     "BatchVarianceError",
     "around_enable_batch_invariant_mode",
     "around_matmul_persistent",
     "around_rms_norm_forward_cuda",
+    "fast_draft_wanted",
+    "fast_kernels",
+    "fast_kernels_active",
     "install_batch_invariant_ops",
     "batch_invariant_ops_hooks_active",
     "linear_weights",
@@ -62,6 +77,7 @@ __all__ = [
 
 OPS_ENV = "SGLANG_DETSPEC_OPS"
 OPS_CHOICES = ("auto", "sglang", "all")
+FAST_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 
 # The same dotted paths on every release 0.5.17 - 0.5.23 (checked by the CPU tests on each).
 MATMUL_HOOK_TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
@@ -74,6 +90,7 @@ SELF_CHECK_MAX_OUTPUT_ELEMENTS = 64 * 1024 * 1024
 SELF_CHECK_MAX_M = 8192
 
 _active = False  # set once a model runner of this process enabled deterministic mode with the plugin's ops
+_fast_depth = 0  # > 0 inside a forward that may compute its GEMMs with cuBLAS (the invariant draft's)
 
 
 class BatchVarianceError(RuntimeError):
@@ -102,6 +119,46 @@ def plugin_ops_wanted(spec_algorithm: Any, token_id_sampler: bool, choice: str) 
     return isinstance(spec_algorithm, DetspecSpecAlgo)
 
 
+def fast_draft_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT``: True for ``1``, False for ``0`` or unset; anything else is the
+    ``fast_invariant_draft`` refusal (a ``ValueError``)."""
+    value = (os.environ if environ is None else environ).get(FAST_DRAFT_ENV, "") or "0"
+    if value not in ("0", "1"):
+        from sglang_detspec.integration.setup.refusals import refuse
+
+        raise refuse("fast_invariant_draft", None, value=value)
+    return value == "1"
+
+
+@contextlib.contextmanager
+def fast_kernels():
+    """Within the block, ``matmul_persistent`` computes supported GEMMs with cuBLAS instead of a batch-invariant
+    kernel. Under CUDA-graph capture the choice is captured with the launch."""
+    global _fast_depth
+    _fast_depth += 1
+    try:
+        yield
+    finally:
+        _fast_depth -= 1
+
+
+def fast_kernels_active() -> bool:
+    return _fast_depth > 0
+
+
+def _on_fast_kernels(model: Any) -> None:
+    """Run every forward of ``model`` (eager and captured; ``model(...)`` and ``model.forward(...)`` both find the
+    instance attribute) inside :func:`fast_kernels`."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def fast_forward(*args: Any, **kwargs: Any) -> Any:
+        with fast_kernels():
+            return forward(*args, **kwargs)
+
+    model.forward = fast_forward
+
+
 def plugin_ops_active() -> bool:
     """Whether this process computes ``matmul_persistent`` and residual RMSNorm with the plugin's kernels."""
     return _active
@@ -127,8 +184,20 @@ def _gemm_supported(a: Any, b: Any, bias: Any) -> bool:
     )
 
 
+def _cublas_matmul(a: Any, b: Any, bias: Any) -> Any:
+    """``a @ b (+ bias)`` through ``aten::addmm.out``, the GEMM SGLang's deterministic mode does not replace."""
+    import torch
+
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    if bias is None:
+        return torch.addmm(out, a, b, beta=0, out=out)
+    return torch.addmm(bias, a, b, out=out)
+
+
 def around_matmul_persistent(original: Callable, a: Any, b: Any, bias: Any = None) -> Any:
     """``HookRegistry`` AROUND hook on SGLang's ``matmul_persistent(a, b, bias=None)`` (every batch-invariant GEMM)."""
+    if _fast_depth and _gemm_supported(a, b, bias):
+        return _cublas_matmul(a, b, bias)
     if _active and _gemm_supported(a, b, bias):
         from sglang_detspec.kernels.batch_invariant_gemm import matmul
 
@@ -249,6 +318,7 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
     from sglang_detspec.integration.setup.token_id_sampler_opt_in import token_id_sampler_requested
 
     choice = ops_choice()
+    _maybe_fast_draft(model_runner)
     wanted = plugin_ops_wanted(getattr(model_runner, "spec_algorithm", None), token_id_sampler_requested(), choice)
     rl_target = _rl_on_policy_target()
     if wanted and rl_target is not None:
@@ -287,10 +357,34 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
     return result
 
 
+def _maybe_fast_draft(model_runner: Any) -> None:
+    """Put the draft model of a ``DETSPEC_*_INVARIANT`` server on cuBLAS GEMMs when ``SGLANG_DETSPEC_FAST_INVARIANT_
+    DRAFT=1`` (module docstring); say so, or why not, in the log."""
+    if not fast_draft_wanted() or not getattr(model_runner, "is_draft_worker", False):
+        return
+    from sglang_detspec.integration.sampling.scheme import COUPLED, scheme_for_algorithm
+    from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
+
+    algorithm = getattr(model_runner, "spec_algorithm", None)
+    name = getattr(algorithm, "name", None)
+    if not isinstance(algorithm, DetspecSpecAlgo) or scheme_for_algorithm(name) != COUPLED:
+        logger.warning("sglang-detspec: %s=1 is ignored on this %s server: only a DETSPEC_*_INVARIANT draft may leave "
+                       "the batch-invariant kernels (other drafts' probabilities decide the tokens).", FAST_DRAFT_ENV,
+                       name or "non-speculative")
+        return
+    model = getattr(model_runner, "model", None)
+    if model is None:
+        raise RuntimeError(f"sglang-detspec: {FAST_DRAFT_ENV}=1 but the {name} draft model runner has no model")
+    _on_fast_kernels(model)
+    logger.info("sglang-detspec: %s=1: the %s draft computes its GEMMs with cuBLAS (its tokens are the target's "
+                "seeded race's whatever it proposes; not yet measured on a GPU).", FAST_DRAFT_ENV, name)
+
+
 def install_batch_invariant_ops() -> List[str]:
     """Register the three hooks with ``HookRegistry`` (once per process). They do nothing until a deterministic model
     runner of a selected server enables them (``around_enable_batch_invariant_mode``)."""
     ops_choice()  # refuse a bad value in every process, before anything loads
+    fast_draft_wanted()
     return [
         register_once(MATMUL_HOOK_TARGET, around_matmul_persistent, "AROUND"),
         register_once(RMS_NORM_HOOK_TARGET, around_rms_norm_forward_cuda, "AROUND"),

@@ -251,6 +251,13 @@ REFUSALS: Dict[str, Refusal] = {
         "deterministic server).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "fast_invariant_draft": Refusal(
+        "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT={value!r}",
+        "it chooses whether a speculation-invariant server's draft computes its GEMMs with cuBLAS, and a typo read as "
+        "a default would leave a benchmark measuring another configuration than it names",
+        "Use '1' (the DETSPEC_*_INVARIANT draft's GEMMs on cuBLAS) or '0' / unset (the batch-invariant kernels).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
 }
 
 

@@ -283,3 +283,95 @@ def test_self_check_refuses_a_gemm_whose_reduction_depends_on_m():
     weights = [_operands(k=96, n=48)[1]]
     with pytest.raises(bio.BatchVarianceError, match=r"weight shape K=96 x N=48 .*SGLANG_DETSPEC_OPS=sglang"):
         bio.self_check_gemm(weights, mm=m_dependent, max_m=20)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The speculation-invariant draft on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT)
+
+
+@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_fast_draft_switch_values(value, expected):
+    env = {} if value is None else {bio.FAST_DRAFT_ENV: value}
+    assert bio.fast_draft_wanted(env) is expected
+
+
+@pytest.mark.parametrize("bad", ["true", "on", "2", " 1"])
+def test_fast_draft_switch_refuses_anything_else_naming_the_variable(bad):
+    with pytest.raises(ValueError, match=f"{bio.FAST_DRAFT_ENV}={bad!r} is not an allowed value.*'1'"):
+        bio.fast_draft_wanted({bio.FAST_DRAFT_ENV: bad})
+
+
+def test_sglang_gemms_inside_fast_kernels_skip_every_batch_invariant_kernel(active, monkeypatch):
+    """Even with the plugin's ops active, SGLang's mm / addmm compute with aten::addmm.out inside the region; the
+    plugin's GEMM runs again after it."""
+    from sglang.srt.batch_invariant_ops import batch_invariant_ops as sgl
+
+    from sglang_detspec.kernels import batch_invariant_gemm
+
+    a, w = _operands()
+    bias = torch.randn(w.shape[0]).to(torch.bfloat16)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a batch-invariant GEMM ran inside fast_kernels()")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(batch_invariant_gemm, "matmul", must_not_run)
+        with bio.fast_kernels():
+            assert bio.fast_kernels_active()
+            out = sgl.mm_batch_invariant(a, w.t())
+            with_bias = sgl.addmm_batch_invariant(bias, a, w.t())
+    assert not bio.fast_kernels_active()
+    reference = matmul_reference(a, w.t()).float()
+    torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(with_bias.float(), reference + bias.float(), rtol=2e-2, atol=2e-2)
+    assert torch.equal(sgl.mm_batch_invariant(a, w.t()), matmul(a, w.t())), "after the region: the plugin's GEMM"
+
+
+class _ForwardProbe(torch.nn.Module):
+    """Records, at each forward, whether it ran inside fast_kernels()."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(bio.fast_kernels_active())
+        return x
+
+
+def _draft_runner(name, model, is_draft=True):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string(name), model=model,
+                                 is_draft_worker=is_draft)
+
+
+def test_the_invariant_draft_runs_every_forward_on_fast_kernels(hooks_applied, published, monkeypatch, caplog):
+    monkeypatch.setenv(bio.FAST_DRAFT_ENV, "1")
+    caplog.set_level("INFO")
+    draft = _ForwardProbe()
+    bio.around_enable_batch_invariant_mode(_enable(monkeypatch), _draft_runner("DETSPEC_EAGLE_INVARIANT", draft))
+    draft(torch.zeros(1))
+    draft.forward(torch.zeros(1))  # SGLang's runners and graph capture call model.forward directly
+    assert draft.seen == [True, True] and not bio.fast_kernels_active()
+    assert "DETSPEC_EAGLE_INVARIANT draft computes its GEMMs with cuBLAS" in caplog.text
+
+
+@pytest.mark.parametrize("name, is_draft, env", [
+    ("DETSPEC_EAGLE", True, "1"),  # its draft's q decides the tokens: stays batch-invariant, with a warning
+    ("DETSPEC_EAGLE_INVARIANT", False, "1"),  # the target never leaves the batch-invariant kernels
+    ("DETSPEC_EAGLE_INVARIANT", True, None),  # opt-in only
+])
+def test_every_other_model_keeps_the_batch_invariant_kernels(hooks_applied, published, monkeypatch, caplog, name,
+                                                             is_draft, env):
+    if env is None:
+        monkeypatch.delenv(bio.FAST_DRAFT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(bio.FAST_DRAFT_ENV, env)
+    caplog.set_level("INFO")
+    model = _ForwardProbe()
+    bio.around_enable_batch_invariant_mode(_enable(monkeypatch), _draft_runner(name, model, is_draft))
+    model(torch.zeros(1))
+    assert model.seen == [False]
+    if name == "DETSPEC_EAGLE":
+        assert f"{bio.FAST_DRAFT_ENV}=1 is ignored on this DETSPEC_EAGLE server" in caplog.text
