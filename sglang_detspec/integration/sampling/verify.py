@@ -178,8 +178,11 @@ def _hot_chain(site: VerifySite, args: tuple, kwargs: dict) -> None:
         )
     from sglang_detspec.kernels.hot_chain_verify import hot_chain_speculative_sampling
 
+    inputs = {name: kwargs[name] for name in _HOT_CHAIN_INPUTS}
+    # SGLang draws one coin per draft token ([B, S + 1]); the chain reads the first S (a view, no copy).
+    inputs["uniform_samples"] = inputs["uniform_samples"][:, : inputs["candidates"].shape[1] - 1]
     hot_chain_speculative_sampling(
-        **{name: kwargs[name] for name in _HOT_CHAIN_INPUTS},
+        **inputs,
         draft_probs=site.reduced_draft_probs,
         target_to_draft=site.hot_vocab.target_to_draft,
     )

@@ -146,6 +146,7 @@ def _pool_worker(hot, algorithm):
         model_config=SimpleNamespace(vocab_size=V),
         model_runner=SimpleNamespace(model=SimpleNamespace(get_embed_and_head=lambda: (embed, head), lm_head=None)),
     )
+    w._resolve_shared_embed_and_head = lambda: (embed, head)  # 0.5.23 resolves them through the model loader
     w.draft_runner = SimpleNamespace(
         model=SimpleNamespace(hot_token_id=hot, set_embed=lambda e: None, load_lm_head_from_target=False)
     )
