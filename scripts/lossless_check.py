@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Lossless check on a CUDA GPU: DETSPEC_EAGLE's tokens have the target model's distribution (issue 12, item 4).
 
-    python scripts/lossless_check.py --out DIR [--n 10000 | --quick] [--concurrency 64]
+    python scripts/lossless_check.py --out DIR [--n 10000 | --quick] [--concurrency 64] [--pair qwen3_eagle3]
 
 Starts three ``sglang.launch_server`` processes side by side on the weighted tiny pair, CUDA graphs on (captured up
 to ``--cuda-graph-max-bs``, default the concurrency, so the measured batches replay graphs; ``--max-running-requests``
@@ -25,6 +25,12 @@ p = min(1, 2 min(both)). Position 0 is the prefill sample, drawn by the same tar
 reported, never counted. Verdict: detspec vs baseline must give combined p > 1e-3 (lossless), control vs baseline
 p < 1e-6 (the test can see a broken verify). Exit 0 only if both hold; 1 if a verdict fails; 2 if a server or a
 request failed.
+
+``--pair qwen3_eagle3`` (issue 33, item 1) runs the same three roles on the Qwen3 target with its reduced-vocabulary
+EAGLE3 draft (256 hot tokens of 1024, a ``d2t`` map; ``models.family_pairs``): ``detspec`` and ``control`` are
+DETSPEC_EAGLE3 with ``SGLANG_DETSPEC_REDUCED_VOCAB=1`` (the opt-in the reduced draft needs until this check has
+passed on a GPU), so the verify under test reads the reduced q through the hot map; the control's accept-all
+sitecustomize wraps that same verify.
 
 Writes to ``--out``: ``lossless.json`` (settings, per-position and transition tests, accept lengths, timings),
 ``lossless.md`` (the table), ``tokens.npz`` (every sequence and seed), ``server-<name>.log``.
@@ -65,6 +71,14 @@ LABELS = {
     "detspec": "DETSPEC_EAGLE vs non-speculative",
     "control": "accept-all-drafts control vs non-speculative",
 }
+#: The pairs this check serves: the weighted tiny pair (DETSPEC_EAGLE) and the reduced-vocabulary EAGLE3 pair.
+PAIRS = ("weighted", "qwen3_eagle3")
+#: The reduced-vocabulary opt-in (integration/setup/server_args.py REDUCED_VOCAB_ENV), read in every server process.
+REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
+
+
+def pair_algorithm(pair: str) -> str:
+    return "DETSPEC_EAGLE3" if pair == "qwen3_eagle3" else "DETSPEC_EAGLE"
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -86,6 +100,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="decode CUDA-graph batch sizes up to this (default: --concurrency)")
     ap.add_argument("--baseline-seeds", choices=("disjoint", "same"), default="disjoint",
                     help="baseline seeds N+1..2N (independent samples, default) or 1..N like detspec (paired)")
+    ap.add_argument("--pair", choices=PAIRS, default="weighted",
+                    help="weighted: the tiny pair with DETSPEC_EAGLE (default); qwen3_eagle3: a Qwen3 target with a "
+                    f"reduced-vocabulary EAGLE3 draft under DETSPEC_EAGLE3 ({REDUCED_VOCAB_ENV}=1)")
     ap.add_argument("--models-root", type=Path, default=None,
                     help="tiny-model cache root (default $DETSPEC_TINY_MODELS_ROOT, else the user cache)")
     ap.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for each server (default 420)")
@@ -234,19 +251,34 @@ def with_flag(argv: List[str], flag: str, value: str) -> List[str]:
     return argv if at else argv + [flag, value]
 
 
-def server_specs(models, args) -> Dict[str, server_process.ServerSpec]:
-    """The three configurations (module docstring), built from the E2E servers' common arguments."""
-    base = with_flag(tiny_servers.common_args(models.target, "weighted"), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
+def server_specs(target, draft, args) -> Dict[str, server_process.ServerSpec]:
+    """The three configurations (module docstring) of ``args.pair``, built from the E2E servers' common arguments."""
+    pair = getattr(args, "pair", "weighted")
+    base = with_flag(tiny_servers.common_args(target, pair), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
     base = with_flag(base, RUNNING_FLAG, str(args.concurrency))
     det = ["--enable-deterministic-inference"]
-    detspec = base + tiny_servers.eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
+    detspec = base + tiny_servers.eagle_args(draft, pair_algorithm(pair), deterministic=True)
+    opt_in = {REDUCED_VOCAB_ENV: "1"} if pair == "qwen3_eagle3" else {}
     control_path = os.pathsep.join([str(CONTROL_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
     spec = server_process.ServerSpec
     return {
-        "detspec": spec("detspec", detspec),
+        "detspec": spec("detspec", detspec, env=dict(opt_in)),
         "baseline": spec("baseline", base + det),
-        "control": spec("control", detspec, env={"PYTHONPATH": control_path}),
+        "control": spec("control", detspec, env={"PYTHONPATH": control_path, **opt_in}),
     }
+
+
+def pair_models(pair: str, root: Optional[Path]) -> tuple:
+    """``(target, draft)`` directories of ``pair``, built once and cached."""
+    if pair == "qwen3_eagle3":
+        from sglang_detspec.models.family_pairs import ensure_family_pair
+
+        built = ensure_family_pair(root, pair)
+        return built.target, built.draft
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
+
+    models = ensure_tiny_models(root, pair="weighted")
+    return models.target, models.eagle_draft
 
 
 class Progress:
@@ -299,7 +331,6 @@ def run(args) -> int:
     import numpy as np
 
     from sglang_detspec.checker import two_sample
-    from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     reason = server_process.launch_skip_reason()
     if reason:
@@ -309,8 +340,7 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env_root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     root = args.models_root or (Path(env_root) if env_root else None)
-    models = ensure_tiny_models(root, pair="weighted")
-    specs = server_specs(models, args)
+    specs = server_specs(*pair_models(args.pair, root), args)
     servers, port = {}, 32000  # apart from the E2E tests' 31000+
     t_start = time.time()
     try:
@@ -344,6 +374,8 @@ def run(args) -> int:
     tokens = {r: np.asarray(got[r].tokens, dtype=np.int64) for r in ROLES}
     np.savez_compressed(out / "tokens.npz", **tokens, **{f"{r}_seeds": np.asarray(seeds[r]) for r in ROLES})
     rows, comparisons, ok_all = [], {}, True
+    labels = LABELS if args.pair == "weighted" else dict(
+        LABELS, detspec=f"{pair_algorithm(args.pair)} ({args.pair}, reduced vocabulary) vs non-speculative")
     for role in ("detspec", "control"):
         cmp = two_sample.compare_token_sequences(tokens[role], tokens["baseline"])
         p0 = two_sample.chi2_homogeneity(tokens[role][:, 0], tokens["baseline"][:, 0]).p_value
@@ -351,7 +383,7 @@ def run(args) -> int:
         ok_all &= ok
         note = position_zero_note(cmp.excluded_positions_identical[0], args.baseline_seeds, p0)
         comparisons[role] = dict(cmp.to_dict(), position0_p=p0, position0_note=note, verdict=text, ok=ok)
-        rows.append({"label": LABELS[role], "n": args.n, "positions_p": cmp.positions_p, "transitions_p": cmp.transitions_p,
+        rows.append({"label": labels[role], "n": args.n, "positions_p": cmp.positions_p, "transitions_p": cmp.transitions_p,
                      "combined_p": cmp.combined_p, "accept_length": got[role].accept_length, "verdict": text})
     table = format_table(rows)
     steps_plus_one = int(tiny_servers.SPEC_SHAPE[tiny_servers.SPEC_SHAPE.index("--speculative-num-steps") + 1]) + 1
@@ -383,7 +415,8 @@ def run(args) -> int:
     for n in notes:
         print(f"* {n}")
     print(f"\nservers ready in {startup_s} s, {3 * args.n:,} sequences in {generate_s} s; JSON: {out / 'lossless.json'}")
-    print("PASS: DETSPEC_EAGLE matches the non-speculative server and the broken control is rejected" if ok_all
+    print(f"PASS: {pair_algorithm(args.pair)} matches the non-speculative server and the broken control is rejected"
+          if ok_all
           else "FAIL: see the verdict column")
     return 0 if ok_all else 1
 

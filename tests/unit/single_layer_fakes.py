@@ -72,10 +72,11 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, probs, sampling_seed, positions, draft_step, top_ks=None):
+    def __call__(self, probs, sampling_seed, positions, draft_step, top_ks=None, *, hot_vocab=None):
         bs = probs.shape[0]
         self.calls.append(
             dict(
+                hot_vocab=hot_vocab,
                 probs=probs,
                 seed=sampling_seed.clone(),
                 positions=positions.to(torch.int64).clone(),
@@ -228,7 +229,7 @@ class RerunBackend:
         return shape_key in self.graphs
 
 
-def make_runner(worker, capture_bs, num_steps, device="cpu", backend=None):
+def make_runner(worker, capture_bs, num_steps, device="cpu", backend=None, draft_vocab=V):
     import dataclasses as dc
 
     from sglang.srt.speculative import eagle_draft_cuda_graph_runner as edr
@@ -279,7 +280,7 @@ def make_runner(worker, capture_bs, num_steps, device="cpu", backend=None):
         extend_seq_lens=torch.ones(mb, dtype=torch.int32),
         topk_p=torch.zeros((mb, 1)),
         topk_index=torch.zeros((mb, 1), dtype=torch.int64),
-        draft_probs=torch.zeros((mb, V)),
+        draft_probs=torch.zeros((mb, draft_vocab)),  # a reduced draft's q has its own width
         hidden_states=torch.zeros((mb, HIDDEN)),
         global_num_tokens_gpu=None,
         global_num_tokens_for_logprob_gpu=None,
@@ -316,17 +317,18 @@ def spy(monkeypatch):
     real = proposal_mod.seeded_draft_proposal
     calls = []
 
-    def wrapped(probs, sampling_seed, positions, draft_step, top_ks=None):
+    def wrapped(probs, sampling_seed, positions, draft_step, top_ks=None, *, hot_vocab=None):
         bs = probs.shape[0]
         calls.append(
             dict(
+                hot_vocab=hot_vocab,
                 seed=sampling_seed.clone(),
                 positions=positions.to(torch.int64).clone(),
                 step=int(draft_step),
                 top_ks=None if top_ks is None else top_ks[:bs].clone(),
             )
         )
-        return real(probs, sampling_seed, positions, draft_step, top_ks)
+        return real(probs, sampling_seed, positions, draft_step, top_ks, hot_vocab=hot_vocab)
 
     monkeypatch.setattr(proposal_mod, "seeded_draft_proposal", wrapped)
     return calls

@@ -24,6 +24,15 @@ unchanged (:func:`~sglang_detspec.integration.upstream_code.rebind`), with these
 * ``sampling_softmax`` (0.5.22+) -> ``torch.softmax(logits / T)``, which is what it computes on every device
   but SM 10.3, and what 0.5.17 - 0.5.21 call directly.
 
+A reduced-vocabulary ("hot token") draft (:mod:`sglang_detspec.stream.hot_vocab`; the spec worker enters
+:func:`reduced_draft_vocab` around its verify) hands ``eagle_sample`` q as ``[B, S, Vd]``, which upstream's width
+check (``draft_probs.shape[-1] != target_probs.shape[-1]``, every release) refuses. :func:`detspec_eagle_sample` then
+hands upstream a zero-copy ``[B, S, V]`` stand-in for ``verify_input.draft_probs`` (a stride-0 view of q's first
+column: the check reads only its shape) and keeps the reduced q on the verify site; the chain stand-in requires that
+very stand-in back as ``draft_probs`` and runs
+:func:`~sglang_detspec.kernels.hot_chain_verify.hot_chain_speculative_sampling` on the reduced q, reading it through
+``target_to_draft``, after the same row-local truncation. No ``[B, S, V]`` scatter is built.
+
 Under the coupled scheme (``DETSPEC_*_INVARIANT``, :mod:`.scheme`) the chain-kernel stand-in runs
 :func:`~sglang_detspec.integration.sampling.coupled_verify.coupled_chain_verify` instead of truncating and calling the
 kernel: the target's own seeded race (truncated, not renormalised) decides every emitted token.
@@ -40,10 +49,12 @@ raises instead of committing tokens from an unknown path.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -51,6 +62,7 @@ from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.integration.sampling.coupled_verify import coupled_chain_verify
 from sglang_detspec.integration.sampling.truncation import batch_truncates, truncate_request_rows
 from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
+from sglang_detspec.stream.hot_vocab import HotVocab
 
 __all__ = [
     "CHAIN_KERNEL_NAME",
@@ -60,6 +72,7 @@ __all__ = [
     "detspec_eagle_sample",
     "detspec_run_eagle_verify",
     "rebound_verify",
+    "reduced_draft_vocab",
 ]
 
 #: Every name under which an SGLang release hands ``eagle_sample`` a target renorm kernel (sgl-kernel,
@@ -89,9 +102,26 @@ class VerifySite:
     draft_token_num: int
     seq_lens: Any = None
     chain_calls: int = 0
+    #: A reduced draft's map, its ``[B, S, Vd]`` q and the ``[B, S, V]`` stand-in upstream's width check saw.
+    hot_vocab: Optional[HotVocab] = None
+    reduced_draft_probs: Optional[torch.Tensor] = None
+    draft_probs_stand_in: Optional[torch.Tensor] = None
 
 
 _VERIFY_SITE: Site[VerifySite] = Site("verify")
+_REDUCED_DRAFT_VOCAB: contextvars.ContextVar[Optional[HotVocab]] = contextvars.ContextVar(
+    "sglang_detspec_reduced_draft_vocab", default=None
+)
+
+
+@contextlib.contextmanager
+def reduced_draft_vocab(hot_vocab: Optional[HotVocab]) -> Iterator[None]:
+    """Verify steps inside read the draft's q through ``hot_vocab`` (None: a full-vocabulary draft)."""
+    token = _REDUCED_DRAFT_VOCAB.set(hot_vocab)
+    try:
+        yield
+    finally:
+        _REDUCED_DRAFT_VOCAB.reset(token)
 
 
 # ---------------------------------------------------------------------------
@@ -126,9 +156,44 @@ def _truncate_then_chain(original: Callable) -> Callable:
                 )
             return coupled_chain_verify(site.sampling_info, site.seq_lens, **kwargs)
         kwargs["target_probs"] = truncate_target_probs(site, target_probs)
+        if site.hot_vocab is not None:
+            return _hot_chain(site, args, kwargs)
         return original(*args, **kwargs)
 
     return chain_with_row_local_truncation
+
+
+def _hot_chain(site: VerifySite, args: tuple, kwargs: dict) -> None:
+    """The chain kernel's outputs for a reduced draft: the reduced q read through ``target_to_draft``."""
+    if args or kwargs.get("block_verification", False):
+        raise RuntimeError(
+            f"DETSPEC verify with a reduced-vocabulary draft: SGLang called {CHAIN_KERNEL_NAME} with "
+            f"{len(args)} positional arguments or block verification; sglang-detspec needs updating for this SGLang "
+            "version"
+        )
+    if kwargs.get("draft_probs") is not site.draft_probs_stand_in:
+        raise RuntimeError(
+            f"DETSPEC verify with a reduced-vocabulary draft: {CHAIN_KERNEL_NAME} did not receive the draft "
+            "distribution eagle_sample was handed; sglang-detspec needs updating for this SGLang version"
+        )
+    from sglang_detspec.kernels.hot_chain_verify import hot_chain_speculative_sampling
+
+    inputs = {name: kwargs[name] for name in _HOT_CHAIN_INPUTS}
+    # SGLang draws one coin per draft token ([B, S + 1]); the chain reads the first S (a view, no copy).
+    inputs["uniform_samples"] = inputs["uniform_samples"][:, : inputs["candidates"].shape[1] - 1]
+    hot_chain_speculative_sampling(
+        **inputs,
+        draft_probs=site.reduced_draft_probs,
+        target_to_draft=site.hot_vocab.target_to_draft,
+    )
+
+
+#: The chain kernel's keywords the hot chain kernel reads as they are (``draft_probs`` is replaced; upstream's
+#: ``retrive_next_*``, thresholds and ``deterministic`` are unused by its non-block path).
+_HOT_CHAIN_INPUTS = (
+    "predicts", "accept_index", "accept_token_num", "candidates", "retrive_index", "uniform_samples",
+    "uniform_samples_for_final_sampling", "target_probs",
+)
 
 
 def _row_local_softmax(_original: Callable) -> Callable:
@@ -199,7 +264,9 @@ def _rebound_eagle_sample() -> Callable:
 def detspec_eagle_sample(verify_input, batch, logits_output, *args, **kwargs):
     """Upstream ``eagle_sample`` with the row-local target truncation (see the module docstring)."""
     site = VerifySite(batch.sampling_info, int(verify_input.draft_token_num), seq_lens=getattr(batch, "seq_lens", None))
-    with _VERIFY_SITE.entered(site):
+    hot = _REDUCED_DRAFT_VOCAB.get()
+    reduced_q = getattr(verify_input, "draft_probs", None)
+    with _VERIFY_SITE.entered(site), _hot_draft_probs_stand_in(site, verify_input, hot, reduced_q):
         result = _rebound_eagle_sample()(verify_input, batch, logits_output, *args, **kwargs)
     sampled = not batch.forward_mode.is_idle() and not batch.sampling_info.is_all_greedy
     if sampled and site.chain_calls == 0:
@@ -209,6 +276,29 @@ def detspec_eagle_sample(verify_input, batch, logits_output, *args, **kwargs):
             "updating for this SGLang version"
         )
     return result
+
+
+@contextlib.contextmanager
+def _hot_draft_probs_stand_in(site: VerifySite, verify_input, hot: Optional[HotVocab], reduced_q) -> Iterator[None]:
+    """While upstream's ``eagle_sample`` runs, ``verify_input.draft_probs`` is a ``[B, S, V]`` stride-0 view of the
+    reduced q (its width check reads only the shape; only :func:`_hot_chain` consumes it, and checks it is this
+    view); the reduced q itself waits on ``site``. Restored afterwards."""
+    if hot is None or reduced_q is None:
+        yield
+        return
+    if reduced_q.dim() != 3 or reduced_q.shape[-1] != hot.draft_vocab_size:
+        raise RuntimeError(
+            f"DETSPEC verify with a reduced-vocabulary draft of {hot.draft_vocab_size} tokens: the draft worker "
+            f"handed q of shape {tuple(reduced_q.shape)}, expected [batch, steps, {hot.draft_vocab_size}]"
+        )
+    site.hot_vocab = hot
+    site.reduced_draft_probs = reduced_q
+    site.draft_probs_stand_in = reduced_q[..., :1].expand(*reduced_q.shape[:-1], hot.target_vocab_size)
+    verify_input.draft_probs = site.draft_probs_stand_in
+    try:
+        yield
+    finally:
+        verify_input.draft_probs = reduced_q
 
 
 @functools.lru_cache(maxsize=None)

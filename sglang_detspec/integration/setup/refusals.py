@@ -149,9 +149,25 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "draft_vocab": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "rejection sampling needs the draft and target distributions over one vocabulary (reduced EAGLE-3 draft "
-        "vocabularies are not supported yet)",
-        "Use a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
+        "the reduced-vocabulary (hot token) path of DETSPEC_EAGLE3 is CPU-tested but not yet verified on a GPU, so it "
+        "is off by default",
+        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (DETSPEC_EAGLE3 only), or use a "
+        "draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
+    ),
+    "draft_vocab_invariant": Refusal(
+        "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
+        "the invariant mode's coupled race on the GPU (kernels/coupled_race_probs.py) keys each column by its own "
+        "index and has no hot-token map yet, so a reduced draft cannot propose by target id "
+        "(SGLANG_DETSPEC_REDUCED_VOCAB does not lift this)",
+        "Use --speculative-algorithm DETSPEC_EAGLE3 with SGLANG_DETSPEC_REDUCED_VOCAB=1, or a draft with the target's "
+        "full vocabulary.",
+    ),
+    "draft_vocab_multi_layer": Refusal(
+        "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size}) and multi-layer EAGLE",
+        "SGLang's multi-layer draft worker never maps draft indices through the hot-token map (it has no "
+        "hot_token_id), so its proposals would be draft indices read as target ids",
+        "Serve the reduced draft with the single-layer worker (drop --enable-multi-layer-eagle), or use a draft "
+        "with the target's full vocabulary.",
     ),
     # --- what SGLang resolved ---------------------------------------------------------------------------------------
     "resolved_algorithm": Refusal(

@@ -102,10 +102,12 @@ the registered class answers like the twin (:mod:`~sglang_detspec.integration.se
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional
 
 from sglang_detspec.algorithm_names import DETSPEC_TWINS
 from sglang_detspec.integration import compat
+from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.integration.setup.refusals import refuse
 
 logger = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_NUM_STEPS",
     "around_resolution",
+    "REDUCED_VOCAB_ENV",
     "check_draft_vocab",
     "install_resolution_hook",
     "requested_detspec_algorithm",
@@ -122,6 +125,10 @@ __all__ = [
 #: Draft steps when neither --speculative-num-steps nor --speculative-num-draft-tokens is given: upstream's
 #: own choice for every topk-1 configuration (``_auto_choose_speculative_params`` returns (3, 1, 4)).
 DEFAULT_NUM_STEPS = 3
+
+#: The opt-in that lifts the ``draft_vocab`` refusal for DETSPEC_EAGLE3 (a reduced-vocabulary EAGLE-3 draft) until
+#: the GPU runs verify that path; read in the launcher and again in the scheduler process (the worker's check).
+REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
 
 
 def requested_detspec_algorithm(server_args: Any) -> Optional[str]:
@@ -235,12 +242,44 @@ def _chain_defaults(server_args: Any) -> dict:
     return out
 
 
-def check_draft_vocab(name: str, draft_vocab_size: Optional[int], target_vocab_size: Optional[int]) -> None:
-    """Refuse a draft whose vocabulary differs from the target's (also callable from a worker at init)."""
+def reduced_vocab_opted_in() -> bool:
+    """Whether :data:`REDUCED_VOCAB_ENV` is ``1`` (anything else, unset included, keeps the refusal)."""
+    return os.environ.get(REDUCED_VOCAB_ENV, "").strip() == "1"
+
+
+def check_draft_vocab(
+    name: str,
+    draft_vocab_size: Optional[int],
+    target_vocab_size: Optional[int],
+    *,
+    multi_layer: bool = False,
+    reduced: Optional[bool] = None,
+) -> None:
+    """Refuse a reduced-vocabulary draft unless DETSPEC can serve it (also called by the draft worker at init).
+
+    ``reduced``: whether the draft maps its vocabulary into the target's (a hot-token map); by default, whether the
+    sizes differ. A reduced draft is refused for the invariant mode and multi-layer EAGLE always, and for
+    DETSPEC_EAGLE3 unless :data:`REDUCED_VOCAB_ENV` is ``1``; opted in, it is served with a warning.
+    """
     if draft_vocab_size is None or target_vocab_size is None:
         return
-    if int(draft_vocab_size) != int(target_vocab_size):
-        raise refuse("draft_vocab", name, draft_vocab_size=draft_vocab_size, target_vocab_size=target_vocab_size)
+    if reduced is None:
+        reduced = int(draft_vocab_size) != int(target_vocab_size)
+    if not reduced:
+        return
+    sizes = {"draft_vocab_size": draft_vocab_size, "target_vocab_size": target_vocab_size}
+    if scheme.scheme_for_algorithm(name) == scheme.COUPLED:
+        raise refuse("draft_vocab_invariant", name, **sizes)
+    if multi_layer:
+        raise refuse("draft_vocab_multi_layer", name, **sizes)
+    if DETSPEC_TWINS.get(name) != "EAGLE3" or not reduced_vocab_opted_in():
+        raise refuse("draft_vocab", name, **sizes)
+    logger.warning(
+        "%s: serving a reduced-vocabulary draft (%s of %s target tokens) because %s=1. This path (hot-token "
+        "proposals keyed by target id, the chain verify reading q through the hot map) is CPU-tested but NOT YET "
+        "GPU-verified; do not rely on its outputs until the GPU end-to-end and lossless checks have run.",
+        name, draft_vocab_size, target_vocab_size, REDUCED_VOCAB_ENV,
+    )
 
 
 def _check_resolved(server_args: Any, name: str, twin: str) -> None:
@@ -347,7 +386,8 @@ def _check_draft_vocab_from_configs(server_args: Any, name: str, draft_path: str
         logger.warning("%s: could not compare draft and target vocabularies at startup (%s); the draft worker "
                        "checks again when it loads.", name, exc)
         return
-    check_draft_vocab(name, getattr(draft_cfg, "draft_vocab_size", None), target_vocab)
+    check_draft_vocab(name, getattr(draft_cfg, "draft_vocab_size", None), target_vocab,
+                      multi_layer=compat.multi_layer_eagle_enabled(server_args))
 
 
 def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any) -> Any:

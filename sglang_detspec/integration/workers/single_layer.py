@@ -54,6 +54,11 @@ What is overridden (same on 0.5.17 and 0.5.23 unless stated)
   ``fast_sample`` / ``sample_draft_proposal`` -> DETSPEC stand-ins. 0.5.23
   passes seed / position / step itself (used as given); 0.5.17 passes none
   (taken from the site). A missing seed always raises (never the global RNG).
+* ``EagleDraftWorker.alloc_memory_pool``: upstream body, whose draft/target vocabulary check under rejection
+  sampling reads ``get_spec`` -> :func:`.reduced_vocab.spec_without_vocab_check`; then DETSPEC's own gate builds
+  the reduced-vocabulary draft's :class:`~sglang_detspec.stream.hot_vocab.HotVocab` (``detspec_hot_vocab``, None
+  for a full-vocabulary draft), which every draft site below hands to ``seeded_draft_proposal(hot_vocab=)`` and
+  the verify reads q through (:mod:`.reduced_vocab`).
 * ``EagleDraftWorker._capture_cuda_graphs``: upstream body,
   ``EAGLEDraftCudaGraphRunner`` -> :class:`DetspecEAGLEDraftCudaGraphRunner`.
 * ``EAGLEDraftCudaGraphRunner.capture_one_shape`` / ``execute``: on releases
@@ -100,7 +105,9 @@ from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration.sampling import proposal as _proposal
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
+from sglang_detspec.integration.workers.reduced_vocab import build_hot_vocab, spec_without_vocab_check
 from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
+from sglang_detspec.stream.hot_vocab import HotVocab
 
 __all__ = [
     "DetspecEAGLEWorkerV2",
@@ -137,13 +144,15 @@ class DraftSite:
     ``sampling_info`` supplies per-row seeds and top_ks; ``positions`` returns
     the key positions *at call time* (draft-decode reads the live, in-place
     advanced ``forward_batch.positions``); ``next_draft_step`` numbers the calls of
-    one draft-decode loop.
+    one draft-decode loop; ``hot_vocab`` is the draft worker's reduced-vocabulary map
+    (None: the draft scores the target's vocabulary).
     """
 
     kind: str
     sampling_info: Any
     positions: Callable[[], torch.Tensor]
     calls: int = 0
+    hot_vocab: Optional[HotVocab] = None
 
     def next_draft_step(self) -> int:
         self.calls += 1
@@ -195,7 +204,7 @@ def _detspec_fast_sample(
     step = site.next_draft_step() if draft_step is None else int(draft_step)
     pos = positions if positions is not None else site.positions()
     return _proposal.seeded_draft_proposal(
-        probs, seed, pos, step, top_ks=getattr(site.sampling_info, "top_ks", None)
+        probs, seed, pos, step, top_ks=getattr(site.sampling_info, "top_ks", None), hot_vocab=site.hot_vocab
     )
 
 
@@ -230,7 +239,7 @@ def _detspec_sample_draft_proposal(
         top_ks = getattr(site.sampling_info, "top_ks", None)
     probs = _proposal.draft_proposal_probs(next_token_logits, temperatures)
     topk_p, topk_index = _proposal.seeded_draft_proposal(
-        probs, seed, pos, step, top_ks=top_ks
+        probs, seed, pos, step, top_ks=top_ks, hot_vocab=site.hot_vocab
     )
     return probs, topk_p, topk_index
 
@@ -262,6 +271,7 @@ _upstream = ReboundMethods(
         (EagleDraftWorker, "_draft_extend_for_prefill"): ("fast_sample",),
         (EagleDraftWorker, "_draft_extend_for_decode"): ("sample_draft_proposal",),
         (EagleDraftWorker, "_capture_cuda_graphs"): ("EAGLEDraftCudaGraphRunner",),
+        (EagleDraftWorker, "alloc_memory_pool"): ("get_spec",),
         (EAGLEDraftCudaGraphRunner, "capture_one_shape"): ("SamplingBatchInfo",),
         (EAGLEWorkerV2, "__init__"): ("EagleDraftWorker",),
     },
@@ -271,6 +281,7 @@ _upstream = ReboundMethods(
         "SamplingBatchInfo": _captured_sampling_info,
         "EagleDraftWorker": DetspecEagleDraftWorker,
         "EAGLEDraftCudaGraphRunner": DetspecEAGLEDraftCudaGraphRunner,
+        "get_spec": spec_without_vocab_check,
     },
 )
 
@@ -284,8 +295,17 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
     """``EagleDraftWorker`` whose every proposal is keyed like sglang 0.5.23.
 
     Overrides only wrap the upstream bodies (run with DETSPEC sampling names)
-    in the site context that supplies the key.
+    in the site context that supplies the key (and the reduced-vocabulary map).
     """
+
+    #: The reduced-vocabulary draft's map, built by :meth:`alloc_memory_pool` (None: a full-vocabulary draft).
+    detspec_hot_vocab: Optional[HotVocab] = None
+
+    def alloc_memory_pool(self, *args, **kwargs):
+        # Upstream's body loads the hot-token map; its vocabulary check gives way to DETSPEC's gate below.
+        result = _upstream(EagleDraftWorker, "alloc_memory_pool")(self, *args, **kwargs)
+        self.detspec_hot_vocab = build_hot_vocab(self)
+        return result
 
     def draft_forward(self, forward_batch):
         site = DraftSite(
@@ -294,6 +314,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             # Read at call time: upstream advances positions in place after
             # each step, and 0.5.23 keys step i at (positions + 1).
             positions=lambda: forward_batch.positions + 1,
+            hot_vocab=self.detspec_hot_vocab,
         )
         with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "draft_forward")(self, forward_batch)
@@ -303,6 +324,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             PREFILL_EXTEND,
             batch.sampling_info,
             positions=lambda: batch.seq_lens,
+            hot_vocab=self.detspec_hot_vocab,
         )
         with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "_draft_extend_for_prefill")(
@@ -314,6 +336,7 @@ class DetspecEagleDraftWorker(EagleDraftWorker):
             DECODE_EXTEND,
             batch.sampling_info,
             positions=lambda: batch_result.new_seq_lens,
+            hot_vocab=self.detspec_hot_vocab,
         )
         with _DRAFT_SITE.entered(site):
             return _upstream(EagleDraftWorker, "_draft_extend_for_decode")(

@@ -9,7 +9,8 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
 * ``init_attention_backends``: upstream's, then -- under the coupled scheme -- the target's verify attention in
   decode order (:mod:`..sampling.verify_attention`). The scheduler builds the target's backends first, then calls
   this, then captures every CUDA graph: the one moment that switch can be made.
-* ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`). Its coins need no
+* ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
+  draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins need no
   change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
   ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
 """
@@ -17,7 +18,7 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
 from __future__ import annotations
 
 from sglang_detspec.integration.sampling import scheme
-from sglang_detspec.integration.sampling.verify import rebound_verify
+from sglang_detspec.integration.sampling.verify import rebound_verify, reduced_draft_vocab
 from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.upstream_code import ReboundMethods
 from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
@@ -55,4 +56,6 @@ class DetspecSpecWorker:
             install_decode_order_verify(self.target_worker.model_runner)
 
     def verify(self, *args, **kwargs):
-        return rebound_verify(self.UPSTREAM_WORKER)(self, *args, **kwargs)
+        # A reduced-vocabulary draft's q is read through its hot map (None for the multi-layer worker, which has none).
+        with reduced_draft_vocab(getattr(self.draft_worker, "detspec_hot_vocab", None)):
+            return rebound_verify(self.UPSTREAM_WORKER)(self, *args, **kwargs)

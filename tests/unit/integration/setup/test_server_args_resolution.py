@@ -244,11 +244,33 @@ def test_memory_saver_is_accepted_with_a_cpu_backup_of_the_draft_weights(models,
         "speculative_algorithm": "DETSPEC_EAGLE", "enable_memory_saver": True, backup: True}
 
 
-def test_refuses_reduced_eagle3_draft_vocab(models):
+@pytest.mark.parametrize("opt_in", [None, "0", "true"])
+def test_refuses_reduced_eagle3_draft_vocab_without_the_opt_in(models, monkeypatch, opt_in):
+    if opt_in is None:
+        monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)  # only "1" opts in
     with pytest.raises(DetspecConfigError) as info:
         resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
     msg = str(info.value)
     assert f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg and "DETSPEC_EAGLE3" in msg
+    assert "SGLANG_DETSPEC_REDUCED_VOCAB=1" in msg  # the refusal names the opt-in
+
+
+def test_opt_in_accepts_reduced_eagle3_draft_vocab_with_a_warning(models, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    with caplog.at_level("WARNING"):
+        sa = resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
+    assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == "DETSPEC_EAGLE3"
+    assert "NOT YET GPU-verified" in caplog.text and "SGLANG_DETSPEC_REDUCED_VOCAB=1" in caplog.text
+
+
+def test_opt_in_does_not_lift_the_invariant_mode_refusal(models, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    with pytest.raises(DetspecConfigError, match="coupled race") as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
+                            speculative_draft_model_path=models["eagle3_small_vocab"]))
+    assert "DETSPEC_EAGLE3_INVARIANT" in str(info.value)
 
 
 def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
@@ -269,11 +291,23 @@ def test_refuses_out_of_tree_platform(models, monkeypatch):
         resolve(**base_args(models, "DETSPEC_EAGLE"))
 
 
-def test_check_draft_vocab_for_worker_init():
+def test_check_draft_vocab_for_worker_init(monkeypatch):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", None, VOCAB)
     with pytest.raises(DetspecConfigError, match="32000 tokens"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)
+    # A full-size hot map (a permutation) is a reduced draft too: its draft indices are not target ids.
+    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB, reduced=True)
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)
+    with pytest.raises(DetspecConfigError, match="multi-layer"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256, multi_layer=True)
+    with pytest.raises(DetspecConfigError, match="coupled race"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)
+    with pytest.raises(DetspecConfigError, match="draft vocabulary"):  # the opt-in is DETSPEC_EAGLE3's only
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
 
 
 def test_without_the_hook_sglang_refuses_loudly(models, monkeypatch):
