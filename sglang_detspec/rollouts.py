@@ -23,7 +23,6 @@ Standard library at import; torch, safetensors and SGLang are imported by the fu
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -101,10 +100,12 @@ def engine_kwargs(argv: Sequence[str]) -> Dict[str, object]:
 
     from sglang.srt.server_args import ServerArgs
 
+    from sglang_detspec.integration.compat import server_args_field_names
+
     parser = argparse.ArgumentParser(prog="sglang.Engine")
     ServerArgs.add_cli_args(parser)
     namespace = parser.parse_args(list(argv))
-    return {f.name: getattr(namespace, f.name) for f in dataclasses.fields(ServerArgs) if hasattr(namespace, f.name)}
+    return {name: getattr(namespace, name) for name in server_args_field_names() if hasattr(namespace, name)}
 
 
 def perturbed_tensors(original: Mapping[str, "object"], names: Iterable[str], seed: int, scale: float) -> Dict[str, object]:

@@ -57,7 +57,8 @@ deterministic chunked-prefill alignment   flashinfer and triton (to 0.5.21);   f
 Also different: 0.5.17 seals ``ServerArgs`` when ``__post_init__`` ends (assigning a field raises;
 ``server_args.override(source, **fields)`` is the write path; 0.5.18 names it ``_late_resolution``), while
 0.5.23 records never change their fields; 0.5.17's scheduler passes ``create_worker`` a deep copy of the record (``draft_server_args_copy``),
-0.5.23 the record itself.
+0.5.23 the record itself; ``ServerArgs``' field names come from ``dataclasses.fields`` on 0.5.17 and from
+``arg_utils.record_fields`` on 0.5.23.
 
 The same in both: the plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``; only
 formatting differs), ``SpeculativeAlgorithm.register`` and the registry's checks (reserved names, duplicates,
@@ -68,6 +69,7 @@ scheduling unless ``supports_overlap=True``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -471,3 +473,15 @@ def generate_schema_gate() -> Optional[Any]:
     if importlib.util.find_spec(_GENERATE_CONTRACT_MODULE) is None:
         return None
     return importlib.import_module(_GENERATE_CONTRACT_MODULE).generate_contract_error
+
+
+def server_args_field_names() -> Tuple[str, ...]:
+    """The names of ``ServerArgs``' fields (``ServerArgs(**kwargs)`` / ``Engine(**kwargs)`` take exactly these): a
+    dataclass on 0.5.17 - 0.5.18, a record read by ``record_fields`` from 0.5.19 on."""
+    from sglang.srt import server_args as module
+
+    cls = module.ServerArgs
+    record_fields = getattr(module, "record_fields", None)
+    if record_fields is not None and not dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in record_fields(cls))
+    return tuple(f.name for f in dataclasses.fields(cls))
