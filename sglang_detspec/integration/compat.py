@@ -58,7 +58,7 @@ Also different: 0.5.17 seals ``ServerArgs`` when ``__post_init__`` ends (assigni
 ``server_args.override(source, **fields)`` is the write path; 0.5.18 names it ``_late_resolution``), while
 0.5.23 records never change their fields; 0.5.17's scheduler passes ``create_worker`` a deep copy of the record (``draft_server_args_copy``),
 0.5.23 the record itself; ``ServerArgs``' field names come from ``dataclasses.fields`` on 0.5.17 and from
-``arg_utils.record_fields`` on 0.5.23.
+``arg_utils.record_fields`` from 0.5.20 on.
 
 The same in both: the plugin framework (``sglang.srt.plugins.load_plugins``, ``HookRegistry``; only
 formatting differs), ``SpeculativeAlgorithm.register`` and the registry's checks (reserved names, duplicates,
@@ -477,7 +477,7 @@ def generate_schema_gate() -> Optional[Any]:
 
 def server_args_field_names() -> Tuple[str, ...]:
     """The names of ``ServerArgs``' fields (``ServerArgs(**kwargs)`` / ``Engine(**kwargs)`` take exactly these): a
-    dataclass on 0.5.17 - 0.5.18, a record read by ``record_fields`` from 0.5.19 on."""
+    dataclass on 0.5.17 - 0.5.19, a record read by ``record_fields`` from 0.5.20 on."""
     from sglang.srt import server_args as module
 
     cls = module.ServerArgs
