@@ -20,7 +20,7 @@ from typing import NamedTuple, Optional
 
 from sglang_detspec.models.family_config import FAMILY_VERSIONS, check_family_pair, family_configs
 from sglang_detspec.models.model_cache import build_atomically, default_cache_root, write_json
-from sglang_detspec.models.tiny_config import BOS_ID, EOS_ID, MAX_POS
+from sglang_detspec.models.tiny_models import write_tokenizer_files
 
 __all__ = ["FamilyPair", "build_family_pair", "ensure_family_pair", "family_cache_dir_name", "WEIGHTS_FILE"]
 
@@ -43,25 +43,6 @@ def _layout(root: Path, pair: str) -> FamilyPair:
     return FamilyPair(root / "target", root / draft if draft else root / "target")
 
 
-def _write_tokenizer(target: Path) -> None:
-    """The tiny pairs' tokenizer files (``tiny_models``' recipe): the same 1024-token byte-level BPE."""
-    from sglang_detspec.models.tiny_tokenizer import train_tokenizer_json
-
-    (target / "tokenizer.json").write_text(train_tokenizer_json(), encoding="utf-8")
-    write_json(target / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": MAX_POS,
-    })
-    write_json(target / "special_tokens_map.json", {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
-    write_json(target / "generation_config.json", {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": True})
-
-
 def build_family_pair(dest: Path, pair: str) -> FamilyPair:
     """Write ``pair``'s directories under ``dest`` (which must not exist yet). No network, no cache."""
     from sglang_detspec.models.family_weights import generate_family_weights
@@ -74,7 +55,7 @@ def build_family_pair(dest: Path, pair: str) -> FamilyPair:
     for d, cfg in configs.items():
         (dest / d).mkdir()
         write_json(dest / d / "config.json", cfg)
-    _write_tokenizer(dest / "target")
+    write_tokenizer_files(dest / "target")
     weights, dtypes = generate_family_weights(pair, configs)
     for d, tensors in weights.items():
         write_safetensors(dest / d / WEIGHTS_FILE, tensors, dtypes[d])
