@@ -40,6 +40,21 @@ def _hot_q(dp_row_ptr, stride_dp_v, t2d_ptr, tokens, mask):
 
 
 @triton.jit
+def _residual(tp_row, stride_tp_v, dp_row, stride_dp_v, t2d_ptr, v, mask, all_accepted):
+    """One tile of the final draw's distribution: p itself after an all-accepted chain, else ``max(p - q, 0)`` with
+    q read through the hot map (the sum pass and the CDF pass must compute the same values)."""
+    p_val = tl.load(tp_row + v * stride_tp_v, mask=mask, other=0.0)
+    if all_accepted:
+        val = p_val
+    else:
+        q_val = _hot_q(dp_row, stride_dp_v, t2d_ptr, v, mask)
+        q_val = tl.where((q_val >= 0.0) & (q_val <= 1.0), q_val, 0.0)
+        diff = p_val - q_val
+        val = tl.where(diff > 0.0, diff, 0.0)
+    return val
+
+
+@triton.jit
 def _hot_chain_kernel(
     Predicts, AcceptIndex, AcceptTokenNum, Candidates, RetriveIndex, Uniform, UniformFinal, TargetProbs, DraftProbs,
     TargetToDraft,
@@ -85,14 +100,7 @@ def _hot_chain_kernel(
     for v_start in range(0, VOCAB_SIZE, BLOCK):
         v = v_start + tl.arange(0, BLOCK)
         mask = v < VOCAB_SIZE
-        p_val = tl.load(tp_row + v * stride_tp_v, mask=mask, other=0.0)
-        if all_accepted:
-            val = p_val
-        else:
-            q_val = _hot_q(dp_row, stride_dp_v, TargetToDraft, v, mask)
-            q_val = tl.where((q_val >= 0.0) & (q_val <= 1.0), q_val, 0.0)
-            diff = p_val - q_val
-            val = tl.where(diff > 0.0, diff, 0.0)
+        val = _residual(tp_row, stride_tp_v, dp_row, stride_dp_v, TargetToDraft, v, mask, all_accepted)
         norm_sum += tl.sum(val)
 
     target_u = coin_final * norm_sum
@@ -103,14 +111,7 @@ def _hot_chain_kernel(
         if found == 0:
             v = v_start + tl.arange(0, BLOCK)
             mask = v < VOCAB_SIZE
-            p_val = tl.load(tp_row + v * stride_tp_v, mask=mask, other=0.0)
-            if all_accepted:
-                val = p_val
-            else:
-                q_val = _hot_q(dp_row, stride_dp_v, TargetToDraft, v, mask)
-                q_val = tl.where((q_val >= 0.0) & (q_val <= 1.0), q_val, 0.0)
-                diff = p_val - q_val
-                val = tl.where(diff > 0.0, diff, 0.0)
+            val = _residual(tp_row, stride_tp_v, dp_row, stride_dp_v, TargetToDraft, v, mask, all_accepted)
             total = cum_sum + tl.cumsum(val, axis=0)
             over = total > target_u
             if tl.max(over, axis=0):
