@@ -297,8 +297,8 @@ def tune_candidates(bucket: int, quick: bool = False) -> List[GemmConfig]:
     if quick:
         grid = grid[::4]
     configs = [GemmConfig(bm, bn, w, s) for bm, bn, w, s in grid]
-    if bucket <= 32:  # small M: also the launches that load rows past M as zeros (GemmConfig.mask_rows)
-        configs += [dataclasses.replace(c, mask_rows=True) for c in configs]
+    if bucket <= 32:  # small M: also the launches that recompute row 0 in the rows past M (GemmConfig.mask_rows)
+        configs += [dataclasses.replace(c, mask_rows=False) for c in configs]
     return configs
 
 
@@ -311,7 +311,7 @@ def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]
                 raise ValueError(f"a tuned launch for ({k}, {n}) has block_k {c.block_k}, not {BLOCK_K}")
         body = ", ".join(f"({bound}, GemmConfig({c.block_m}, {c.block_n}, {c.num_warps}, {c.num_stages}"
                          + (f", group_size_m={c.group_size_m}" if c.group_size_m != 8 else "")
-                         + (", mask_rows=True" if c.mask_rows else "") + "))"
+                         + ("" if c.mask_rows else ", mask_rows=False") + "))"
                          for bound, c in entries)
         lines.append(f"    ({k}, {n}): ({body},),")
     lines.append("}")
@@ -375,9 +375,10 @@ PROBE_MS = (1, 2, 4, 8, 16)
 
 def probe_small_m(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), replays: int = 20, log=print,
                   device: Optional[torch.device] = None) -> List[Dict]:
-    """Where M far below the row tile costs time: for every shape and M in :data:`PROBE_MS`, the default launch,
-    the same launch loading rows past M as zeros (``mask_rows``) and cuBLAS, with the masked launch's bits checked
-    against the default's.  One launch serves M = 1 .. 16, so a time that grows as M falls is the rows past M."""
+    """Where M far below the row tile costs time: for every shape and M in :data:`PROBE_MS`, the default launch
+    (rows past M loaded as zeros), the same launch recomputing row 0 there (``mask_rows=False``) and cuBLAS, with
+    the two launches' bits compared.  One launch serves M = 1 .. 16, so a time that grows as M falls is the rows
+    past M."""
     device = device or torch.device("cuda")
     out_dir.mkdir(parents=True, exist_ok=True)
     sms = batch_invariant_gemm._num_sms(device)
@@ -388,14 +389,15 @@ def probe_small_m(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), replays: i
                 ops = _Operands(shape, m, device)
                 config = launch_plan(m, shape.k, shape.n, sms).config
                 masked = dataclasses.replace(config, mask_rows=True)
+                unmasked = dataclasses.replace(config, mask_rows=False)
                 row = dict(pair=pair, shape=shape.name, k=shape.k, n=shape.n, m=m, config=config.short(),
                            masked_equal=_same_bits(matmul(ops.a, ops.weights[0], ops.bias, config=masked),
-                                                   matmul(ops.a, ops.weights[0], ops.bias, config=config)))
-                for name, fn in (("cublas", _cublas), ("plugin", _plugin(config)), ("masked", _plugin(masked))):
+                                                   matmul(ops.a, ops.weights[0], ops.bias, config=unmasked)))
+                for name, fn in (("cublas", _cublas), ("unmasked", _plugin(unmasked)), ("masked", _plugin(masked))):
                     row[f"{name}_us"] = round(statistics.median(ops.time_us(fn, replays)), 2)
                 rows.append(row)
                 log(f"{pair:8s} {shape.name:8s} {shape.k:6d}x{shape.n:<6d} M={m:3d} [{row['config']}]  cublas "
-                    f"{row['cublas_us']:8.2f}  plugin {row['plugin_us']:8.2f}  masked {row['masked_us']:8.2f}  "
+                    f"{row['cublas_us']:8.2f}  unmasked {row['unmasked_us']:8.2f}  masked {row['masked_us']:8.2f}  "
                     f"{'same bits' if row['masked_equal'] else 'BITS DIFFER'}")
                 del ops
             torch.cuda.empty_cache()
@@ -416,7 +418,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                                          "a quarter of the candidates)")
     ap.add_argument("--tune", action="store_true", help="sweep launches per shape and M bucket; print the best table")
     ap.add_argument("--probe-small-m", action="store_true",
-                    help=f"M = {list(PROBE_MS)} on one launch each: default vs rows past M masked vs cuBLAS")
+                    help=f"M = {list(PROBE_MS)} on one launch each: rows past M masked (the default) vs recomputing row 0 "
+                         "vs cuBLAS")
     ap.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
     ap.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {list(MS)}")
     ap.add_argument("--replays", type=int, default=None, help="CUDA-graph replays per case (default 20; tune 10)")

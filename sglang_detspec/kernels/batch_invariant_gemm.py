@@ -5,8 +5,8 @@ Why it is batch-invariant
 Every output element ``c[m, n]`` is computed the same way whatever M is and whichever tile computes it: an
 fp32 accumulator starts at zero, the K dimension is walked in ``BLOCK_K`` (= 64, fixed) slices in increasing
 order and each slice is folded in with ``acc = tl.dot(a_slice, b_slice, acc)``; the bias (fp32) is added
-after the loop, then the result is cast once.  Rows past M are clamped to row 0 (computed, never stored; or, with
-``GemmConfig.mask_rows``, loaded as zeros) and K past its end is masked to zero, so no other row changes an
+after the loop, then the result is cast once.  Rows past M load as zeros (or, with ``GemmConfig.mask_rows``
+False, recompute row 0; never stored either way) and K past its end is masked to zero, so no other row changes an
 element's operations.  The tile (``BLOCK_M``,
 ``BLOCK_N``, warps, stages, the L2 swizzle ``GROUP_SIZE_M``) only decides which program computes an element,
 so :data:`LAUNCH_TABLE` may pick it by M (small tiles and many programs for decode, large tiles for
@@ -72,10 +72,10 @@ class GemmConfig:
     num_stages: int = 4
     group_size_m: int = 8
     block_k: int = BLOCK_K
-    #: Rows past M: False recomputes row 0 in them (unmasked loads); True masks their loads to zero instead.  Either
-    #: way no stored row changes (an MMA row depends on its own row of ``a`` only); which is faster at M far below
-    #: ``block_m`` is measured by ``bench_gemm.py --probe-small-m``.
-    mask_rows: bool = False
+    #: Rows past M: True (the default) loads them as zeros; False recomputes row 0 in them (unmasked loads).  Either
+    #: way no stored row changes (an MMA row depends on its own row of ``a`` only).  At M far below ``block_m`` the
+    #: unmasked launch costs up to 2x (H100, ``bench_gemm.py --probe-small-m``, docs/results.md).
+    mask_rows: bool = True
 
     def __post_init__(self):
         # the package's launch checks: tl.dot needs every tile dimension a power of two >= 16
@@ -92,7 +92,7 @@ class GemmConfig:
 
     def short(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.num_warps} s{self.num_stages} g{self.group_size_m}"
-                + (" mask" if self.mask_rows else ""))
+                + ("" if self.mask_rows else " unmasked"))
 
 
 C = GemmConfig

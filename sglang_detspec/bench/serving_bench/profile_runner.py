@@ -172,7 +172,6 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
     pair = midsize_models.ensure_midsize_pair(models_dir or Path(tempfile.gettempdir()) / "sglang-detspec-models", shape)
     shape_names = op_profile.shape_names_for(llama_gemm_shapes(shape.hidden, shape.heads, shape.kv_heads,
                                                                shape.head_dim, shape.intermediate, shape.vocab))
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     points: Dict[str, Dict[int, dict]] = {}
     try:
         from tqdm import tqdm
@@ -180,6 +179,23 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
         bar = tqdm(total=len(settings.configs) * len(settings.concurrencies), desc="profile points", file=sys.stderr)
     except ImportError:
         bar = None
+    try:
+        _profile_configs(settings, out, traces, pair, shape, steps, shape_names, start_timeout, points, bar)
+    except KeyboardInterrupt:  # timeout -s INT: keep what was measured
+        _log("interrupted: the report below holds the points profiled so far")
+        _report(out, settings, shape, steps, points)
+        return 130
+    finally:
+        if bar is not None:
+            bar.close()
+    return _report(out, settings, shape, steps, points)
+
+
+def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int, shape_names, start_timeout: float,
+                     points: Dict[str, Dict[int, dict]], bar) -> None:
+    """One server per configuration, in turn, every concurrency on it; the report is rewritten after each
+    configuration, so a run stopped part-way leaves its finished points on disk."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for name in settings.configs:
         config = cfgs.config_by_name(name)
         spec = server_process.ServerSpec(name, cfgs.server_args(config, pair.target, pair.eagle_draft, settings,
@@ -205,12 +221,12 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
                 points[name][c] = {"error": f"server did not start: {str(e).splitlines()[0]}"}
         finally:
             server.stop()
-    if bar is not None:
-        bar.close()
-    return _report(out, settings, shape, steps, points)
+        _report(out, settings, shape, steps, points, quiet=True)
 
 
-def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, dict]]) -> int:
+def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, dict]], quiet: bool = False) -> int:
+    """Write op_profile.json / .md for the configurations in ``points`` (print the tables unless ``quiet``); 0 when
+    every point of every configuration in ``settings`` was profiled, else 1."""
     import dataclasses
 
     version = server_process.sglang_version()
@@ -222,7 +238,7 @@ def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, 
     sections = [f"# Decode-step profile, sglang {version}, pair {shape.tag()}, {steps} steps per point, CUDA graphs "
                 f"off, input {settings.input_len} tokens, T={settings.temperature:g}"]
     for c in settings.concurrencies:
-        per_config = {n: points[n].get(c) for n in settings.configs}
+        per_config = {n: points[n].get(c) for n in settings.configs if n in points}
         sections.append(op_profile.format_category_table(per_config, title=f"\n## Concurrency {c}: by category\n"))
         sections.append(op_profile.format_gemm_table(per_config, title=f"\n## Concurrency {c}: GEMM by weight\n"))
         errors = [f"- {n}: {p['error']}" for n, p in per_config.items() if p and "error" in p]
@@ -230,7 +246,9 @@ def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, 
             sections.append("\nFailed points:\n" + "\n".join(errors))
     text = "\n".join(sections) + "\n"
     (out / "op_profile.md").write_text(text)
-    print(text)
-    print(f"results: {out / 'op_profile.json'}, {out / 'op_profile.md'}, traces in {out / 'traces'}")
+    if not quiet:
+        print(text)
+        print(f"results: {out / 'op_profile.json'}, {out / 'op_profile.md'}, traces in {out / 'traces'}")
+    missing = [n for n in settings.configs if len(points.get(n, {})) < len(settings.concurrencies)]
     failed = any("error" in p for per in points.values() for p in per.values())
-    return 1 if failed else 0
+    return 1 if failed or missing else 0

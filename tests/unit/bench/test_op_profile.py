@@ -200,3 +200,47 @@ def test_the_profile_dry_run_prints_graphs_off_servers_and_the_profile(capsys):
     assert len(servers) == 2 and all("--cuda-graph-backend-decode disabled" in line for line in servers)
     assert "DETSPEC_EAGLE" in servers[1] and "/start_profile for 5 decode batches" in text
     assert "sglang.bench_serving" not in text  # no throughput client in profile mode
+
+
+def test_a_profile_stopped_part_way_keeps_the_points_it_finished(tmp_path, monkeypatch):
+    """``timeout -s INT`` during the second configuration: the first one's points are on disk, every server was
+    stopped, and the exit code says the run was interrupted."""
+    from types import SimpleNamespace
+
+    from sglang_detspec.bench.serving_bench import profile_runner
+    from sglang_detspec.models import midsize_models
+
+    stopped = []
+
+    class FakeServer:
+        def __init__(self, spec, port, log_path, pid_file=None):
+            self.name = spec.name
+
+        def start(self):
+            pass
+
+        def wait_ready(self, timeout):
+            if self.name == "detspec":
+                raise KeyboardInterrupt
+
+        def stop(self):
+            stopped.append(self.name)
+
+    ok = op_profile.attribute({"traceEvents": [_kernel("matmul_kernel_persistent", 0, 2000)]}, steps=1)
+    monkeypatch.setattr(profile_runner.server_process, "launch_skip_reason", lambda: None)
+    monkeypatch.setattr(profile_runner.server_process, "Server", FakeServer)
+    monkeypatch.setattr(profile_runner.server_process, "free_port", lambda start: start)
+    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
+                        lambda directory, shape: SimpleNamespace(target=tmp_path / "t", eagle_draft=tmp_path / "d"))
+    monkeypatch.setattr(profile_runner, "_profile_point", lambda server, name, c, *rest: dict(ok))
+    serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--configs", "no_spec,detspec",
+                                             "--concurrencies", "1,8"])
+    settings = serving_bench.settings_from_args(args)
+    rc = profile_runner.run_profile(settings, tmp_path, models_dir=tmp_path, shape=serving_bench.shape_from_args(args),
+                                    steps=5)
+    assert rc == 130
+    assert stopped == ["no_spec", "detspec"]
+    document = json.loads((tmp_path / "op_profile.json").read_text())
+    assert set(document["points"]) == {"no_spec", "detspec"}
+    assert set(document["points"]["no_spec"]) == {"1", "8"} and document["points"]["detspec"] == {}
+    assert "| ms per step | no_spec |" in (tmp_path / "op_profile.md").read_text()

@@ -26,8 +26,8 @@ from sglang_detspec.kernels.row_invariance import find_row_variance
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 ALL_CONFIGS = sorted({c for _, cands in LAUNCH_TABLE for c in cands}, key=lambda c: (c.block_m, c.block_n))
-# The same small launches loading rows past M as zeros instead of recomputing row 0: the same bits must come out.
-ALL_CONFIGS += [dataclasses.replace(c, mask_rows=True) for c in ALL_CONFIGS if c.block_m <= 32]
+# The same small launches recomputing row 0 in the rows past M instead of loading zeros: the same bits must come out.
+ALL_CONFIGS += [dataclasses.replace(c, mask_rows=False) for c in ALL_CONFIGS if c.block_m <= 32]
 
 
 def _operands(m, k, n, dtype=torch.bfloat16, seed=0, weight_layout=True, bias_dtype=None):
@@ -183,7 +183,7 @@ def test_int64_flags_follow_the_largest_offset():
     # at offset 130561 * 16448 - 1 < 2**31; padded to 130576 rows they would pass it.
     near, weight = meta(130561, 16448), meta(4, 16448)
     assert 130561 * 16448 - 1 < 2**31 <= 130576 * 16448 - 1
-    assert gemm._int64_flags(near, weight.t(), config)[0] is False
+    assert gemm._int64_flags(near, weight.t(), dataclasses.replace(config, mask_rows=False))[0] is False
     assert gemm._int64_flags(near, weight.t(), dataclasses.replace(config, mask_rows=True))[0] is True
     # the output [M, N], with M padded to whole row tiles
     assert gemm._int64_flags(meta(2**14, k), meta(2**17, k).t(), config) == (False, False, True)
