@@ -27,7 +27,7 @@ from typing import Any, Optional
 from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.stream.hot_vocab import HotVocab
 
-__all__ = ["build_hot_vocab", "detspec_algorithm_name", "spec_without_vocab_check"]
+__all__ = ["build_hot_vocab", "detspec_algorithm_name", "fit_graph_draft_probs", "spec_without_vocab_check"]
 
 
 class _SpecWithoutRejectionCheck:
@@ -72,3 +72,18 @@ def build_hot_vocab(draft_worker: Any) -> Optional[HotVocab]:
         detspec_algorithm_name(draft_worker.speculative_algorithm), int(hot.shape[0]), target_vocab, reduced=True
     )
     return HotVocab.from_hot_token_id(hot, target_vocab)
+
+
+def fit_graph_draft_probs(buffers: Any, hot_vocab: Optional[HotVocab]) -> None:
+    """Give the draft-decode CUDA graphs' persistent q rows the hot draft's width, before the first capture.
+
+    Upstream's ``EAGLEDraftCudaGraphRunner`` sizes ``buffers.draft_probs`` ``[max_bs, V]`` by the draft model's
+    ``vocab_size``, which an EAGLE3 draft's config sets to the target's. A hot draft's q rows have ``Vd`` columns, so
+    capture would stack a ``[bs, V]`` first row with ``[bs, Vd]`` proposals (H100, 0.5.17: "stack expects each tensor
+    to be equal size") and a replay would copy ``Vd``-wide rows into ``V``-wide ones. No hot map, or no buffer (no
+    rejection sampling): nothing changes.
+    """
+    probs = getattr(buffers, "draft_probs", None)
+    if hot_vocab is None or probs is None or probs.shape[-1] == hot_vocab.draft_vocab_size:
+        return
+    buffers.draft_probs = probs.new_zeros((probs.shape[0], hot_vocab.draft_vocab_size))

@@ -105,7 +105,11 @@ from sglang_detspec.integration import compat as _compat
 from sglang_detspec.integration.sampling import proposal as _proposal
 from sglang_detspec.integration.upstream_code import ReboundMethods, Site
 from sglang_detspec.integration.workers.draft_keys import GraphKeyBuffers, require_seed
-from sglang_detspec.integration.workers.reduced_vocab import build_hot_vocab, spec_without_vocab_check
+from sglang_detspec.integration.workers.reduced_vocab import (
+    build_hot_vocab,
+    fit_graph_draft_probs,
+    spec_without_vocab_check,
+)
 from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 from sglang_detspec.stream.hot_vocab import HotVocab
 
@@ -377,6 +381,7 @@ class DetspecEAGLEDraftCudaGraphRunner(EAGLEDraftCudaGraphRunner):
     def capture_one_shape(self, size, forward, *args, **kwargs):
         # Allocated at the first captured shape: capture runs inside the base
         # __init__, after max_bs and the device are known.
+        fit_graph_draft_probs(self.buffers, getattr(self.eagle_worker, "detspec_hot_vocab", None))
         if self.detspec_keys is None and self._detspec_needs_own_buffers():
             self.detspec_keys = GraphKeyBuffers.allocate(self.max_bs, self.model_runner.device)
         if self.detspec_keys is None:
