@@ -30,7 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..stream.hot_vocab import HotDraftDraw, check_hot_draft_inputs
+from ..stream.draft_contract import check_hot_draft_inputs
+from ..stream.hot_vocab import HotDraftDraw
 from .hashing import draft_row_prefix, fmix32, mix32
 from .launch_checks import (
     INTERPRETED,
