@@ -460,11 +460,6 @@ def seeded_draft_sample(
     check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy)
     require_vocab_contiguous("probs", probs, row_view="draft_probs[:bs, step]")
     require_cuda_or_interpreter(probs, "sglang_detspec.stream.reference.seeded_draft_sample")
-    return _launch(probs, sampling_seed, positions, int(draft_step), greedy, config, block_size, num_warps)
-
-
-def _launch(probs, sampling_seed, positions, draft_step, greedy, config, block_size, num_warps):
-    """Launch on validated inputs."""
     B, V = probs.shape
     out_p = torch.empty((B, 1), dtype=torch.float32, device=probs.device)
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
