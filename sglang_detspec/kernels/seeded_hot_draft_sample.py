@@ -8,14 +8,13 @@ to the lowest target id; it returns q at the winner, its target id and its draft
 proposes the token the full-vocabulary draft of the scattered q would (:mod:`sglang_detspec.stream.hot_vocab`).
 
 Design: :mod:`.seeded_draft_sample`'s two stages over the ``Vd`` draft columns, with the map read beside ``probs``
-(no ``[B, V]`` scatter of q, no ``[B, Vd]`` float64 temporaries).  Stage 1, grid ``(B, cdiv(Vd, BLOCK))``: the same
-float32 race filter (same error bound, same candidate margin: the bound is per element and does not depend on
-which column word was hashed), then the candidates are re-scored exactly in float64, lexicographically by
-``(score, -target id)``.  Rare chunks (maximum NaN, infinite, negative, or below 2**-80 where float32 underflow
-could hide a winner) are re-scored exactly as a whole vector right there, instead of lazily in stage 2: simpler,
-and no softmax output reaches that path.  Chunks whose every ``p`` is <= 0 with a zero take the first zero by
-target id (padded graph rows).  Stage 2, grid ``(B,)``: the row's first-target-id maximum over the chunk partials
-``(float64 score, target id, draft index)``.
+(no ``[B, V]`` scatter of q, no ``[B, Vd]`` float64 temporaries). Stage 1, grid ``(B, cdiv(Vd, BLOCK))``: the same
+float32 race filter (:mod:`.draft_scoring`: same error bound, same candidate margin), then the candidates are
+re-scored exactly in float64, lexicographically by ``(score, -target id)``. Rare chunks (maximum NaN, infinite,
+negative, or below 2**-80 where float32 underflow could hide a winner) are re-scored exactly as a whole vector right
+there, instead of lazily in stage 2: simpler, and no softmax output reaches that path. Chunks whose every ``p`` is
+<= 0 with a zero take the first zero by target id (padded graph rows). Stage 2, grid ``(B,)``: the row's
+first-target-id maximum over the chunk partials ``(float64 score, target id, draft index)``.
 
 CUDA graphs: capturable.  ``sampling_seed``, ``positions``, ``greedy`` and ``hot_to_target`` are read from device
 memory at replay; ``draft_step``, ``target_vocab_size`` and the shapes are baked into the capture.  No host
@@ -32,6 +31,7 @@ import triton.language as tl
 
 from ..stream.draft_contract import check_hot_draft_inputs
 from ..stream.hot_vocab import HotDraftDraw
+from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, race_score_f32
 from .hashing import draft_row_prefix, fmix32, mix32
 from .launch_checks import (
     INTERPRETED,
@@ -40,9 +40,7 @@ from .launch_checks import (
     require_launch,
     require_vocab_contiguous,
 )
-
-# The float32 filter and the exact score are the full sampler's (its module docstring proves the bound).
-from .seeded_draft_sample import _CAND_REL, _LOW_SCORE, LaunchConfig, _exact_score_of, launch_options, race_score_f32
+from .seeded_draft_sample import LaunchConfig, launch_options
 
 __all__ = ["seeded_hot_draft_sample"]
 
@@ -93,13 +91,13 @@ def _hot_stage1(
         # The score IS p, compared exactly in float32.
         m32, res_tok = _first_max_by_token(s, tok, valid)
         res_score = m32.to(tl.float64)
-    elif (m >= _LOW_SCORE) & (m < float("inf")):
+    elif (m >= LOW_SCORE) & (m < float("inf")):
         # Every element whose float64 score can reach the chunk's float64 maximum has s >= thr (the bound).
-        cand = s >= m * _CAND_REL
+        cand = s >= m * CAND_REL
         n = tl.sum(cand.to(tl.int32), 0)
         j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
         res_tok = tl.min(tl.where(offs == j, tok, _INT_MAX), 0)
-        res_score = _exact_score_of(tl.load(row_ptr + j), h_row, tl.load(map_ptr + j) + col_base)
+        res_score = exact_score_of(tl.load(row_ptr + j), h_row, tl.load(map_ptr + j) + col_base)
         rest = cand & (offs != j)
         k = n - 1
         while k > 0:  # near ties (about 2**-10 of the chunks), in draft-index order
@@ -107,7 +105,7 @@ def _hot_stage1(
             rest = rest & (offs != j2)
             k -= 1
             t2 = tl.load(map_ptr + j2).to(tl.int32)
-            s64 = _exact_score_of(tl.load(row_ptr + j2), h_row, t2.to(tl.int64) + col_base)
+            s64 = exact_score_of(tl.load(row_ptr + j2), h_row, t2.to(tl.int64) + col_base)
             if (s64 > res_score) | ((s64 == res_score) & (t2 < res_tok)):
                 res_score = s64
                 res_tok = t2
@@ -119,7 +117,7 @@ def _hot_stage1(
             res_tok = tl.min(tl.where(valid & (p == 0.0), tok, _INT_MAX), 0)
         else:
             # NaN / inf / negative maxima, or every p below ~2**-77: the exact float64 scores of the whole chunk
-            s64 = _exact_score_of(p, h_row, col)
+            s64 = exact_score_of(p, h_row, col)
             res_score, res_tok = _first_max_by_token(s64, tok, valid)
     res_idx = tl.min(tl.where(valid & (tok == res_tok), offs, _INT_MAX), 0)
     out = row * NC + c
