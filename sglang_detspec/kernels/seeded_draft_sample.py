@@ -65,7 +65,7 @@ from .launch_checks import (
     require_vocab_contiguous,
 )
 
-__all__ = ["seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "INTERPRETED"]
+__all__ = ["seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "launch_plan", "INTERPRETED"]
 
 _INT_MAX = tl.constexpr(2147483647)
 # Chunk partial index codes (stage 1 -> stage 2): >= 0 resolved (index, exact score); -1 low chunk (score = an
@@ -334,6 +334,31 @@ def launch_options(batch: int, vocab: int) -> LaunchConfig:
     return LAUNCH_TABLE[-1][1]
 
 
+def launch_plan(
+    batch: int,
+    vocab: int,
+    config: Optional[LaunchConfig] = None,
+    block_size: Optional[int] = None,
+    num_warps: Optional[int] = None,
+) -> Tuple[int, int, dict]:
+    """``(block_size, num_warps, options)`` of one draft draw over ``[batch, vocab]`` (this kernel's and the
+    reduced-vocabulary kernel's): ``config``, default :func:`launch_options` -- widened under the interpreter, which
+    executes each program in NumPy, so fewer, wider programs are much faster -- then the ``block_size`` /
+    ``num_warps`` overrides; refused where Triton cannot build it.  ``options`` holds the register cap (ptxas
+    ``maxnreg``: more resident programs per SM; not an interpreter option)."""
+    chosen = config if config is not None else launch_options(batch, vocab)
+    block, warps = int(chosen.block_size), int(chosen.num_warps)
+    options = {"maxnreg": int(chosen.maxnreg)} if chosen.maxnreg and not INTERPRETED else {}
+    if INTERPRETED and config is None:
+        block = interpreter_block(vocab)
+    if block_size is not None:
+        block = int(block_size)
+    if num_warps is not None:
+        warps = int(num_warps)
+    require_launch(block, warps)
+    return block, warps, options
+
+
 def seeded_draft_sample(
     probs: torch.Tensor,
     sampling_seed: torch.Tensor,
@@ -375,18 +400,7 @@ def seeded_draft_sample(
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    chosen = config if config is not None else launch_options(B, V)
-    block, warps, nreg = int(chosen.block_size), int(chosen.num_warps), int(chosen.maxnreg)
-    # register cap (ptxas maxnreg): more resident programs per SM; not an interpreter option
-    opts = {"maxnreg": nreg} if nreg and not INTERPRETED else {}
-    if INTERPRETED and config is None:
-        # the interpreter executes each program in NumPy: fewer, wider programs are much faster
-        block = interpreter_block(V)
-    if block_size is not None:
-        block = int(block_size)
-    if num_warps is not None:
-        warps = int(num_warps)
-    require_launch(block, warps)
+    block, warps, opts = launch_plan(B, V, config, block_size, num_warps)
     nc = triton.cdiv(V, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)

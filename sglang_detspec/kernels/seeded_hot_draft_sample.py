@@ -33,14 +33,8 @@ from ..stream.draft_contract import check_hot_draft_inputs
 from ..stream.hot_vocab import HotDraftDraw
 from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, race_score_f32
 from .hashing import draft_row_prefix, fmix32, mix32
-from .launch_checks import (
-    INTERPRETED,
-    interpreter_block,
-    require_cuda_or_interpreter,
-    require_launch,
-    require_vocab_contiguous,
-)
-from .seeded_draft_sample import LaunchConfig, launch_options
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .seeded_draft_sample import LaunchConfig, launch_plan
 
 __all__ = ["seeded_hot_draft_sample"]
 
@@ -166,7 +160,7 @@ def seeded_hot_draft_sample(
         hot_to_target: int64 ``[Vd]`` target id of each draft column (``HotVocab.hot_to_target``: unique, in range;
             not re-checked here, which would synchronise).
         greedy: optional ``[B]`` bool; True rows return the lowest-target-id argmax of ``probs``.
-        config / block_size: the launch (default :func:`~.seeded_draft_sample.launch_options` of ``[B, Vd]``).
+        config / block_size: the launch (:func:`~.seeded_draft_sample.launch_plan` of ``[B, Vd]``).
 
     CUDA graphs: capturable; update seeds, positions and ``greedy`` in place between replays.
     """
@@ -180,14 +174,7 @@ def seeded_hot_draft_sample(
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=dev)
     if B == 0:
         return HotDraftDraw(out_p, out_tok, out_idx)
-    chosen = config if config is not None else launch_options(B, VD)
-    block, warps = int(chosen.block_size), int(chosen.num_warps)
-    opts = {"maxnreg": int(chosen.maxnreg)} if chosen.maxnreg and not INTERPRETED else {}
-    if INTERPRETED and config is None:
-        block = interpreter_block(VD)
-    if block_size is not None:
-        block = int(block_size)
-    require_launch(block, warps)
+    block, warps, opts = launch_plan(B, VD, config, block_size)
     nc = triton.cdiv(VD, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=dev)
     part_tok = torch.empty((B, nc), dtype=torch.int32, device=dev)
