@@ -35,18 +35,9 @@ from sglang_detspec.rollouts import (
     rollout_seed,
     step_seed,
 )
+from sglang_detspec.rollouts import ROLLOUT_PROMPTS as PROMPTS  # the example sends the first --prompts
 
 ALGORITHMS = ("DETSPEC_EAGLE", "DETSPEC_EAGLE_INVARIANT")
-PROMPTS = (
-    "Question: what is the sum of the first ten odd numbers? Answer:",
-    "Write one sentence about a lighthouse keeper:",
-    "The recipe for bread begins with",
-    "In the year 2087, the colony ship",
-    "List three uses of a paperclip:",
-    "The old mill by the river",
-    "Explain why the sky is blue in simple words:",
-    "A haiku about winter mornings:",
-)
 MAX_STEPS = 100
 MAX_GROUP_SIZE = 32  # the tiny pair's servers run at most 32 requests at once
 MAX_NEW_TOKENS = 1024

@@ -1,5 +1,6 @@
-"""GRPO-style rollouts on a DETSPEC server or ``sglang.Engine``: seeds per group, seeded weight updates, and
-bit-exact comparison of rollouts. Used by ``examples/grpo_rollout.py`` and ``tests/e2e/test_e2e_engine.py``.
+"""GRPO-style rollouts on a DETSPEC server or ``sglang.Engine``: prompts, seeds per group, seeded weight updates, and
+bit-exact comparison of rollouts. Used by ``examples/grpo_rollout.py`` and ``tests/e2e/test_e2e_engine.py`` (the
+prompts also by ``tests/e2e/test_e2e_rollouts.py``).
 
 Seeds (the one contract of :mod:`sglang_detspec.stream.choice_seeds`, applied twice more):
 
@@ -30,6 +31,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from sglang_detspec.stream.choice_seeds import SEED_MASK, choice_seed
 
 __all__ = [
+    "ROLLOUT_PROMPTS",
     "MAX_BASE_SEED",
     "TARGET_UPDATE_TENSORS",
     "DRAFT_UPDATE_TENSORS",
@@ -44,6 +46,18 @@ __all__ = [
     "compare_records",
     "tensors_of",
 ]
+
+#: The prompts of a rollout run, one GRPO group each: examples/grpo_rollout.py and the E2E rollout tests take a prefix.
+ROLLOUT_PROMPTS = (
+    "Question: what is the sum of the first ten odd numbers? Answer:",
+    "Write one sentence about a lighthouse keeper:",
+    "The recipe for bread begins with",
+    "In the year 2087, the colony ship",
+    "List three uses of a paperclip:",
+    "The old mill by the river",
+    "Explain why the sky is blue in simple words:",
+    "A haiku about winter mornings:",
+)
 
 #: The largest base seed: ``sampling_seed`` is packed into an int64 and the derived seeds are masked to 63 bits.
 MAX_BASE_SEED = SEED_MASK

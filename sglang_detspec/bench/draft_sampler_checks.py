@@ -36,7 +36,7 @@ from sglang_detspec.bench.upstream_replica import (
     upstream_seeded_scores,
 )
 from sglang_detspec.kernels import seeded_draft_sample
-from sglang_detspec.kernels.seeded_draft_sample import neg_log2_u_f32, race_score_f32
+from sglang_detspec.kernels.draft_scoring import neg_log2_u_f32, race_score_f32
 from sglang_detspec.stream import reference
 
 DEV = torch.device("cuda")

@@ -17,7 +17,8 @@
 * :mod:`.seeded_hot_draft_sample` and :mod:`.hot_chain_verify`: the draft draw and the chain rejection verify of a
   reduced-vocabulary ("hot token") draft, keyed by target id (imported from their modules).
 
-Shared pieces: :mod:`.hashing` (the key hash), :mod:`.coupled_scoring` (the coupled kernels' exact float64 score),
+Shared pieces: :mod:`.hashing` (the key hash), :mod:`.draft_scoring` (the draft kernels' float32 race score, exact
+float64 score and the bound between them), :mod:`.coupled_scoring` (the coupled kernels' exact float64 score),
 :mod:`.launch_checks` (the launch preconditions every wrapper checks).
 Set ``TRITON_INTERPRET=1`` before importing this package to run it on CPU tensors.
 """

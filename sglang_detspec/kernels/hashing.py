@@ -8,7 +8,7 @@ the target race's unsalted one) and mixes in only the column word per element (`
 :func:`lg2_f32` and :func:`recip_f32` take ``FAST`` (CUDA only): PTX's ``lg2.approx`` / ``rcp.approx`` instead of
 libdevice's ``log2`` / an IEEE division.  The interpreter (``TRITON_INTERPRET=1``, NumPy) cannot run inline
 assembly, so callers pass ``FAST=False`` there.  Each caller's error bound allows the approximations (the bounds
-are in the docstrings of :mod:`.seeded_draft_sample` and :mod:`.coupled_race`).
+are in the docstrings of :mod:`.draft_scoring` and :mod:`.coupled_race`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ no loop: every element stays in registers for the epilogue).
     hash is computed once per program; per element only the column word and the finalizer are mixed.
   * A float32 race finds candidates: ``s32 = p * (1 / E2)`` with ``E2 ~ -log2(u)`` (a positive rescaling
     of every score leaves the argmax unchanged), then the chunk maximum ``m32`` (NaN-propagating).
-  * Candidates are the elements the float32 error bound cannot exclude (``s32 >= m32 * (1 - 2**-10)``).
+  * Candidates are the elements the float32 error bound cannot exclude (``s32 >= m32 * (1 - 2**-10)``;
+    the scores and the bound are :mod:`.draft_scoring`'s).
     A lone candidate (nearly every chunk) is the chunk's exact maximum: its index goes to stage 2
     unscored.  Two or more (near ties) are re-scored exactly in float64 with upstream's operation
     order, one scalar at a time in increasing index order (strict ``>`` keeps the first index of an
@@ -35,39 +36,6 @@ row's first-index maximum, rescans in float64 the flagged chunks and those low c
 reaches the best resolved score (never, unless the whole row is below ~2**-77 or holds NaN/inf/negative
 entries), and writes ``idx`` and ``probs[row, idx]``.
 
-Why the float32 filter is exact (the bound)
--------------------------------------------
-Write ``s`` for the true real-number score ``p / E`` (``E = -ln u``), ``s64`` for upstream's float64 value
-and ``s32`` for the kernel's float32 value, the latter two rescaled by the same constant ``ln 2``.
-Claim: for every element with ``2**-120 <= p`` (and ``s32`` finite), ``|s32 - s| <= d*s`` with
-``d = 2**-12.7``, and ``|s64 - s| <= e*s`` with ``e = 2**-50``.  ``E2`` (``neg_log2_u_f32``):
-``u = float(h) * 2**-32 + 2**-33``, ``lg = lg2.approx(u)`` and ``E2 = -lg``, except where
-``lg > L = log2(1 - 2**-9) + 2**-22`` (``_SERIES_LG``, rounded up): there ``E2 = (w + w^2/2) / ln 2`` with
-``w`` formed exactly from the float bit pattern of ``2**23 + ~h`` (one FFMA).  ``lg > L`` implies
-``h >= 2**32 - 2**23`` (every smaller hash has float32 ``u <= 1 - 2**-9``, and lg2.approx is within 2**-22),
-i.e. ``~h < 2**23`` and ``w = 1 - u < 2**-9``.
-  * ``h < 2**31`` (``u <= 1/2``): ``u`` carries two roundings (<= 2**-23 relative) and ``|log2 u| >= 1``:
-    <= 2**-22.5, plus lg2.approx's absolute 2**-22;
-  * ``h >= 2**31`` and ``lg <= L``: ``float(h)`` is off by <= 2**7 and the FFMA rounds in [1/2, 1):
-    ``|du| <= 2**-24``, i.e. ``|d log2 u| <= 2**-24 / (u ln 2) <= 2**-22.5``, plus lg2.approx's absolute
-    2**-22 (sum 2**-21.2), over ``E2 >= (2**-9 - 2**-21.5) / ln 2 ~ 2**-8.47`` (``lg <= L`` bounds float32
-    ``u`` by ``1 - 2**-9 + 2**-21.5``): <= 2**-12.75 relative;
-  * the series: ``w`` has one rounding (2**-24), the dropped tail is ``<= w^2/3 < 2**-19.5`` relative;
-  * ``s32 = p * rcp.approx(E2)`` (<= 1 ulp each; ``E2`` in [2**-33.6, 33] and ``p >= 2**-120`` keep
-    every value normal).
-  Sum: ``d <= 2**-12.7``.  ``scripts/gpu_kernel_checks.py`` evaluates the compiled ``E2`` for ALL 2**32
-  hash values against float64 (measured maximum 2**-14.6 on an H200) and the full ``s32`` on 2**26
-  random ``(p, h)`` pairs (2**-14.6).  The float64 side: the uniform is exact, ``log`` (libdevice)
-  <= 1 ulp, reciprocal and product correctly rounded.
-Let ``j*`` be the element holding ``m32`` and ``i*`` the true first-index float64 maximum of the chunk.
-``j*`` is a candidate, and ``s64(i*) >= s64(j*)``.  Hence ``s32(i*) >= s(i*)(1-d) >= s64(i*)(1-d)/(1+e)
->= s64(j*)(1-d)/(1+e) >= m32 (1-d)(1-e)/((1+e)(1+d)) > m32 (1 - 2**-11.6) > m32 (1 - 2**-10)`` (the
-threshold; its own float32 rounding, 2**-24, is inside the margin), so ``i*`` is a candidate -- and when
-it is the only one, it is ``j*``, the chunk's exact maximum without any float64 comparison.
-Elements with ``p < 2**-120`` have ``s <= 2**-120 * 2**33 = 2**-87`` and cannot reach ``s(j*)`` when
-``m32 >= 2**-80``; chunks below that are "low" (above).  ``scripts/gpu_kernel_checks.py`` also
-compares 10**6+ rows and constructed near-ties with upstream's float64 torch code.
-
 Performance: where the time goes (a profile of stage 1), and the variants that were measured and lost, are in
 ``docs/kernels.md``.
 
@@ -87,7 +55,8 @@ import triton
 import triton.language as tl
 
 from ..stream.draft_contract import check_kernel_inputs
-from .hashing import draft_row_prefix, fmix32, lg2_f32, mix32, recip_f32
+from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, race_score_f32
+from .hashing import draft_row_prefix, fmix32, mix32
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
@@ -96,10 +65,7 @@ from .launch_checks import (
     require_vocab_contiguous,
 )
 
-__all__ = [
-    "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "neg_log2_u_f32", "race_score_f32",
-    "INTERPRETED",
-]
+__all__ = ["seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "launch_plan", "INTERPRETED"]
 
 _INT_MAX = tl.constexpr(2147483647)
 # Chunk partial index codes (stage 1 -> stage 2): >= 0 resolved (index, exact score); -1 low chunk (score = an
@@ -107,51 +73,6 @@ _INT_MAX = tl.constexpr(2147483647)
 # _UNSCORED - idx, whose exact score stage 2 computes; _NO_CHUNK pads the stage-2 vector past NC.
 _UNSCORED = tl.constexpr(-3)
 _NO_CHUNK = tl.constexpr(-2147483647)
-# Below this chunk maximum (in the rescaled float32 score), float32 underflow / flush-to-zero could hide
-# a subnormal-probability winner; such chunks are resolved lazily in stage 2.
-_LOW_SCORE = tl.constexpr(2.0**-80)
-# Relative candidate margin: the float32 error bound is d = 2**-12.7 (measured 2**-14.6), and
-# (1-d)(1-e)/((1+e)(1+d)) > 1 - 2**-11.6 stays above the threshold (module docstring).
-_CAND_REL = tl.constexpr(1.0 - 2.0**-10)
-
-
-# float32 just above log2(1 - 2**-9) + 2**-22: lg2.approx(u) exceeds it only if h >= 0xFF800000 (lg2.approx is
-# within 2**-22 of log2, and every smaller hash has a float32 u <= 1 - 2**-9)
-_SERIES_LG = tl.constexpr(-0.0028202806133776903)
-
-
-@triton.jit
-def neg_log2_u_f32(h, FAST: tl.constexpr):
-    """float32 -log2((h + 0.5) / 2**32), relative error < 2**-12.7 (bound in the module docstring).
-
-    u is formed directly from float(h); only the top hashes (w = 1 - u < 2**-9, where float32's absolute
-    error in u would dominate -log u) take a two-term series in w, and w comes exactly from the bit pattern
-    of the float 2**23 + ~h (no second int-to-float conversion).  Public for scripts/gpu_kernel_checks.py,
-    which measures its error over all 2**32 hashes on the GPU.
-    """
-    u = h.to(tl.float32) * 2.3283064365386963e-10 + 1.1641532182693481e-10
-    lg = lg2_f32(u, FAST)
-    if FAST:
-        # one LOP3: 2**23 + ~h wherever the series is selected below (it implies ~h < 2**23); other lanes get
-        # garbage that the select discards
-        kb = (h ^ 0xFFFFFFFF) | 0x4B000000
-    else:
-        # the interpreter computes the discarded lanes in NumPy too: the masked form keeps them finite
-        kb = ((h ^ 0xFFFFFFFF) & 0x7FFFFF) | 0x4B000000
-    # (2**23 + k) * 2**-32 + (2**-33 - 2**-9) = (k + 0.5) * 2**-32: the product is exact, one rounding
-    w = kb.to(tl.float32, bitcast=True) * 2.3283064365386963e-10 + (1.1641532182693481e-10 - 0.001953125)
-    poly = w * (1.4426950408889634 + w * 0.7213475204444817)
-    # The series is chosen from lg, not from h >= 0xFF800000: that predicate, known right after the hash,
-    # stayed live across the whole tile and ptxas spilled it bit by bit into registers (~3 ALU ops per
-    # element); this one is consumed next to the MUFU that produces lg.
-    return tl.where(lg > _SERIES_LG, poly, -lg)
-
-
-@triton.jit
-def race_score_f32(p, h, FAST: tl.constexpr):
-    """Stage 1's float32 race score ``p * (1 / E2(h))`` of probability ``p`` and hash ``h`` (public, like
-    :func:`neg_log2_u_f32`, so that the GPU checks measure this very expression)."""
-    return p * recip_f32(neg_log2_u_f32(h, FAST), FAST)
 
 
 @triton.jit
@@ -160,20 +81,9 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _exact_score_of(p, h_row, col):
-    """Upstream's float64 score ``(1 / -log((h + 0.5) / 2**32)) * p`` of the token(s) at key column(s)
-    ``col`` (scalar or vector; every exact score in this file goes through here, so equal inputs give
-    bit-equal scores whichever stage computes them)."""
-    h = fmix32(mix32(h_row, col.to(tl.uint32)))
-    u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # both steps exact in float64
-    r = 1.0 / (-tl.log(u))
-    return r * p.to(tl.float64)
-
-
-@triton.jit
 def _exact_score(row_ptr, j, h_row, col_base):
     """The exact score of one token (scalar ``j``)."""
-    return _exact_score_of(tl.load(row_ptr + j), h_row, col_base + j)
+    return exact_score_of(tl.load(row_ptr + j), h_row, col_base + j)
 
 
 @triton.jit
@@ -186,7 +96,7 @@ def _exact_chunk(row_ptr, h_row, col_base, lo, V, greedy, BLOCK: tl.constexpr):
     offs = lo + tl.arange(0, BLOCK)
     mask = offs < V
     p = tl.load(row_ptr + offs, mask=mask, other=0.0)
-    s = tl.where(greedy, p.to(tl.float64), _exact_score_of(p, h_row, col_base + offs))
+    s = tl.where(greedy, p.to(tl.float64), exact_score_of(p, h_row, col_base + offs))
     isn = mask & (s != s)
     nan_i = tl.min(tl.where(isn, offs, _INT_MAX), 0)
     sm = tl.where(mask & (s == s), s, float("-inf"))
@@ -256,10 +166,10 @@ def _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK: tl.cons
         first_max = tl.min(tl.where(s == m, offs, _INT_MAX), 0)
         res_score = m.to(tl.float64)
         res_idx = tl.where(m != m, first_nan, first_max)
-    elif (m >= _LOW_SCORE) & (m < float("inf")):
+    elif (m >= LOW_SCORE) & (m < float("inf")):
         # Fast path.  Every element whose float64 score can reach the chunk's float64 maximum has
-        # s >= thr (bound in the module docstring).
-        thr = m * _CAND_REL
+        # s >= thr (the bound in draft_scoring's docstring).
+        thr = m * CAND_REL
         cand = s >= thr
         n = tl.sum(cand.to(tl.int32), 0)
         j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
@@ -283,7 +193,7 @@ def _chunk_partial(row_ptr, h_row, col_base, greedy, lo, V, p, s, BLOCK: tl.cons
             res_idx = -1
         else:
             res_idx = -2  # only negative probabilities (one underflowed to -0.0): exact rescan
-    elif (m > 0) & (m < _LOW_SCORE):
+    elif (m > 0) & (m < LOW_SCORE):
         # Every p below ~2**-77: float32 underflow / flush-to-zero could hide a subnormal winner.
         # Exact upper bound of the chunk's float64 scores: p_max * max(1/E) < p_max * 2**34.
         pmax = tl.max(tl.where(valid, p, float("-inf")), 0)
@@ -362,7 +272,7 @@ def _stage2_kernel(
     unscored = valid & (ix <= _UNSCORED)
     j = tl.where(unscored, _UNSCORED - ix, 0)
     p_j = tl.load(row_ptr + j, mask=unscored, other=0.0)
-    sc = tl.where(unscored, _exact_score_of(p_j, h_row, col_base + j), sc)
+    sc = tl.where(unscored, exact_score_of(p_j, h_row, col_base + j), sc)
     ix = tl.where(unscored, j, ix)
     resolved = valid & (ix >= 0)
     nan_idx = tl.min(tl.where(resolved & (sc != sc), ix, _INT_MAX), 0)  # greedy rows report NaN chunks
@@ -424,6 +334,31 @@ def launch_options(batch: int, vocab: int) -> LaunchConfig:
     return LAUNCH_TABLE[-1][1]
 
 
+def launch_plan(
+    batch: int,
+    vocab: int,
+    config: Optional[LaunchConfig] = None,
+    block_size: Optional[int] = None,
+    num_warps: Optional[int] = None,
+) -> Tuple[int, int, dict]:
+    """``(block_size, num_warps, options)`` of one draft draw over ``[batch, vocab]`` (this kernel's and the
+    reduced-vocabulary kernel's): ``config``, default :func:`launch_options` -- widened under the interpreter, which
+    executes each program in NumPy, so fewer, wider programs are much faster -- then the ``block_size`` /
+    ``num_warps`` overrides; refused where Triton cannot build it.  ``options`` holds the register cap (ptxas
+    ``maxnreg``: more resident programs per SM; not an interpreter option)."""
+    chosen = config if config is not None else launch_options(batch, vocab)
+    block, warps = int(chosen.block_size), int(chosen.num_warps)
+    options = {"maxnreg": int(chosen.maxnreg)} if chosen.maxnreg and not INTERPRETED else {}
+    if INTERPRETED and config is None:
+        block = interpreter_block(vocab)
+    if block_size is not None:
+        block = int(block_size)
+    if num_warps is not None:
+        warps = int(num_warps)
+    require_launch(block, warps)
+    return block, warps, options
+
+
 def seeded_draft_sample(
     probs: torch.Tensor,
     sampling_seed: torch.Tensor,
@@ -460,28 +395,12 @@ def seeded_draft_sample(
     check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy)
     require_vocab_contiguous("probs", probs, row_view="draft_probs[:bs, step]")
     require_cuda_or_interpreter(probs, "sglang_detspec.stream.reference.seeded_draft_sample")
-    return _launch(probs, sampling_seed, positions, int(draft_step), greedy, config, block_size, num_warps)
-
-
-def _launch(probs, sampling_seed, positions, draft_step, greedy, config, block_size, num_warps):
-    """Launch on validated inputs."""
     B, V = probs.shape
     out_p = torch.empty((B, 1), dtype=torch.float32, device=probs.device)
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=probs.device)
     if B == 0:
         return out_p, out_idx
-    chosen = config if config is not None else launch_options(B, V)
-    block, warps, nreg = int(chosen.block_size), int(chosen.num_warps), int(chosen.maxnreg)
-    # register cap (ptxas maxnreg): more resident programs per SM; not an interpreter option
-    opts = {"maxnreg": nreg} if nreg and not INTERPRETED else {}
-    if INTERPRETED and config is None:
-        # the interpreter executes each program in NumPy: fewer, wider programs are much faster
-        block = interpreter_block(V)
-    if block_size is not None:
-        block = int(block_size)
-    if num_warps is not None:
-        warps = int(num_warps)
-    require_launch(block, warps)
+    block, warps, opts = launch_plan(B, V, config, block_size, num_warps)
     nc = triton.cdiv(V, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=probs.device)
     part_idx = torch.empty((B, nc), dtype=torch.int32, device=probs.device)

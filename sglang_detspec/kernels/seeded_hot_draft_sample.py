@@ -8,14 +8,13 @@ to the lowest target id; it returns q at the winner, its target id and its draft
 proposes the token the full-vocabulary draft of the scattered q would (:mod:`sglang_detspec.stream.hot_vocab`).
 
 Design: :mod:`.seeded_draft_sample`'s two stages over the ``Vd`` draft columns, with the map read beside ``probs``
-(no ``[B, V]`` scatter of q, no ``[B, Vd]`` float64 temporaries).  Stage 1, grid ``(B, cdiv(Vd, BLOCK))``: the same
-float32 race filter (same error bound, same candidate margin: the bound is per element and does not depend on
-which column word was hashed), then the candidates are re-scored exactly in float64, lexicographically by
-``(score, -target id)``.  Rare chunks (maximum NaN, infinite, negative, or below 2**-80 where float32 underflow
-could hide a winner) are re-scored exactly as a whole vector right there, instead of lazily in stage 2: simpler,
-and no softmax output reaches that path.  Chunks whose every ``p`` is <= 0 with a zero take the first zero by
-target id (padded graph rows).  Stage 2, grid ``(B,)``: the row's first-target-id maximum over the chunk partials
-``(float64 score, target id, draft index)``.
+(no ``[B, V]`` scatter of q, no ``[B, Vd]`` float64 temporaries). Stage 1, grid ``(B, cdiv(Vd, BLOCK))``: the same
+float32 race filter (:mod:`.draft_scoring`: same error bound, same candidate margin), then the candidates are
+re-scored exactly in float64, lexicographically by ``(score, -target id)``. Rare chunks (maximum NaN, infinite,
+negative, or below 2**-80 where float32 underflow could hide a winner) are re-scored exactly as a whole vector right
+there, instead of lazily in stage 2: simpler, and no softmax output reaches that path. Chunks whose every ``p`` is
+<= 0 with a zero take the first zero by target id (padded graph rows). Stage 2, grid ``(B,)``: the row's
+first-target-id maximum over the chunk partials ``(float64 score, target id, draft index)``.
 
 CUDA graphs: capturable.  ``sampling_seed``, ``positions``, ``greedy`` and ``hot_to_target`` are read from device
 memory at replay; ``draft_step``, ``target_vocab_size`` and the shapes are baked into the capture.  No host
@@ -30,18 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..stream.hot_vocab import HotDraftDraw, check_hot_draft_inputs
+from ..stream.draft_contract import check_hot_draft_inputs
+from ..stream.hot_vocab import HotDraftDraw
+from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, race_score_f32
 from .hashing import draft_row_prefix, fmix32, mix32
-from .launch_checks import (
-    INTERPRETED,
-    interpreter_block,
-    require_cuda_or_interpreter,
-    require_launch,
-    require_vocab_contiguous,
-)
-
-# The float32 filter and the exact score are the full sampler's (its module docstring proves the bound).
-from .seeded_draft_sample import _CAND_REL, _LOW_SCORE, LaunchConfig, _exact_score_of, launch_options, race_score_f32
+from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
+from .seeded_draft_sample import LaunchConfig, launch_plan
 
 __all__ = ["seeded_hot_draft_sample"]
 
@@ -92,13 +85,13 @@ def _hot_stage1(
         # The score IS p, compared exactly in float32.
         m32, res_tok = _first_max_by_token(s, tok, valid)
         res_score = m32.to(tl.float64)
-    elif (m >= _LOW_SCORE) & (m < float("inf")):
+    elif (m >= LOW_SCORE) & (m < float("inf")):
         # Every element whose float64 score can reach the chunk's float64 maximum has s >= thr (the bound).
-        cand = s >= m * _CAND_REL
+        cand = s >= m * CAND_REL
         n = tl.sum(cand.to(tl.int32), 0)
         j = tl.min(tl.where(cand, offs, _INT_MAX), 0)
         res_tok = tl.min(tl.where(offs == j, tok, _INT_MAX), 0)
-        res_score = _exact_score_of(tl.load(row_ptr + j), h_row, tl.load(map_ptr + j) + col_base)
+        res_score = exact_score_of(tl.load(row_ptr + j), h_row, tl.load(map_ptr + j) + col_base)
         rest = cand & (offs != j)
         k = n - 1
         while k > 0:  # near ties (about 2**-10 of the chunks), in draft-index order
@@ -106,7 +99,7 @@ def _hot_stage1(
             rest = rest & (offs != j2)
             k -= 1
             t2 = tl.load(map_ptr + j2).to(tl.int32)
-            s64 = _exact_score_of(tl.load(row_ptr + j2), h_row, t2.to(tl.int64) + col_base)
+            s64 = exact_score_of(tl.load(row_ptr + j2), h_row, t2.to(tl.int64) + col_base)
             if (s64 > res_score) | ((s64 == res_score) & (t2 < res_tok)):
                 res_score = s64
                 res_tok = t2
@@ -118,7 +111,7 @@ def _hot_stage1(
             res_tok = tl.min(tl.where(valid & (p == 0.0), tok, _INT_MAX), 0)
         else:
             # NaN / inf / negative maxima, or every p below ~2**-77: the exact float64 scores of the whole chunk
-            s64 = _exact_score_of(p, h_row, col)
+            s64 = exact_score_of(p, h_row, col)
             res_score, res_tok = _first_max_by_token(s64, tok, valid)
     res_idx = tl.min(tl.where(valid & (tok == res_tok), offs, _INT_MAX), 0)
     out = row * NC + c
@@ -167,7 +160,7 @@ def seeded_hot_draft_sample(
         hot_to_target: int64 ``[Vd]`` target id of each draft column (``HotVocab.hot_to_target``: unique, in range;
             not re-checked here, which would synchronise).
         greedy: optional ``[B]`` bool; True rows return the lowest-target-id argmax of ``probs``.
-        config / block_size: the launch (default :func:`~.seeded_draft_sample.launch_options` of ``[B, Vd]``).
+        config / block_size: the launch (:func:`~.seeded_draft_sample.launch_plan` of ``[B, Vd]``).
 
     CUDA graphs: capturable; update seeds, positions and ``greedy`` in place between replays.
     """
@@ -181,14 +174,7 @@ def seeded_hot_draft_sample(
     out_idx = torch.empty((B, 1), dtype=torch.int64, device=dev)
     if B == 0:
         return HotDraftDraw(out_p, out_tok, out_idx)
-    chosen = config if config is not None else launch_options(B, VD)
-    block, warps = int(chosen.block_size), int(chosen.num_warps)
-    opts = {"maxnreg": int(chosen.maxnreg)} if chosen.maxnreg and not INTERPRETED else {}
-    if INTERPRETED and config is None:
-        block = interpreter_block(VD)
-    if block_size is not None:
-        block = int(block_size)
-    require_launch(block, warps)
+    block, warps, opts = launch_plan(B, VD, config, block_size)
     nc = triton.cdiv(VD, block)
     part_score = torch.empty((B, nc), dtype=torch.float64, device=dev)
     part_tok = torch.empty((B, nc), dtype=torch.int32, device=dev)

@@ -3,7 +3,7 @@
 torch only (no Triton, no SGLang), so everything here runs on a CPU and under any SGLang release:
 
 * :mod:`.keys`                the key layout of the seeded draft stream (SGLang 0.5.23's definition);
-* :mod:`.draft_contract`      the input contract of a seeded draft draw (proposal, CPU twin and kernel);
+* :mod:`.draft_contract`      the input contract of a seeded draft draw, full or reduced (CPU twins and kernels);
 * :mod:`.truncation_contract` the input contract of row-local top-k / top-p / min-p truncation;
 * :mod:`.reference`           the CPU twins of the draft stream, the verify coins and the truncation rules;
 * :mod:`.coupled_reference`   the CPU twin of SGLang's non-speculative seeded race and of the coupled verify;

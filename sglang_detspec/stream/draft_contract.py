@@ -1,19 +1,19 @@
-"""The input contract of a seeded draft draw, written once.
+"""The input contract of a seeded draft draw (full and reduced vocabulary), written once.
 
-Three callers hand the same inputs on: ``integration.sampling.proposal.seeded_draft_proposal`` (what every DETSPEC
-draft site calls), the CPU twin ``reference.seeded_draft_sample`` and the Triton kernel
-``kernels.seeded_draft_sample``.  Each validates through here, so a wrong input gets the same actionable
-``ValueError`` (naming the argument and the fix) wherever it enters, instead of a wrong stream or an error
-deep inside a kernel launch.  Nothing here reads tensor values: no host synchronisation, so the checks run
-under CUDA-graph capture too.  torch only; the key layout's limits come from :mod:`sglang_detspec.stream.keys`.
+Each draw validates its own inputs through here: the CPU twins ``reference.seeded_draft_sample`` and
+``hot_vocab.seeded_hot_draft_sample``, and the Triton kernels ``kernels.seeded_draft_sample`` and
+``kernels.seeded_hot_draft_sample``.  ``integration.sampling.proposal.seeded_draft_proposal`` (what every DETSPEC draft
+site calls) only picks the draw and hands the batch on, so the rows are checked once, by the draw that reads them,
+and a wrong input gets the same actionable ``ValueError`` (naming the argument and the fix) wherever it enters,
+instead of a wrong stream or an error deep inside a kernel launch.  Nothing here reads tensor values: no host
+synchronisation, so the checks run under CUDA-graph capture too.  torch only; the key layout's limits come from
+:mod:`sglang_detspec.stream.keys`.
 
-* :func:`check_draft_rows`: the per-row inputs (2-D ``probs`` of any float dtype; int64 seeds and
-  int32/int64 positions, one per row) -- what the proposal checks before it derives greedy rows and casts
-  half-precision ``probs``;
-* :func:`check_draft_sample_inputs`: all of a sampler's inputs (``probs`` float32, ``greedy``,
-  ``draft_step``); the reference's contract;
+* :func:`check_draft_sample_inputs`: a draw's inputs (2-D float32 ``probs``; int64 seeds and int32/int64
+  positions, one per row; the ``greedy`` mask; ``draft_step``); the CPU twin's contract;
 * :func:`check_kernel_inputs`: the kernel's, that plus one device for all inputs (the memory layout and
-  CUDA-or-interpreter checks every kernel shares are in ``kernels.launch_checks``).
+  CUDA-or-interpreter checks every kernel shares are in ``kernels.launch_checks``);
+* :func:`check_hot_draft_inputs`: a reduced-vocabulary draw's, the draw's contract plus the hot-token map.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ import torch
 
 from . import keys
 
-__all__ = ["check_draft_rows", "check_draft_sample_inputs", "check_kernel_inputs"]
+__all__ = ["check_draft_sample_inputs", "check_kernel_inputs", "check_hot_draft_inputs"]
 
 
-def check_draft_rows(probs, sampling_seed, positions) -> None:
-    """``probs`` ``[B, V]``; ``sampling_seed`` int64 and ``positions`` int32/int64 of one shape, B values."""
+def check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy) -> None:
+    """``probs`` float32 ``[B, V]``; ``sampling_seed`` int64 and ``positions`` int32/int64 of one shape, B values;
+    ``greedy`` None or bool with B values; ``draft_step`` a Python int inside the key range."""
     if not isinstance(probs, torch.Tensor) or probs.dim() != 2:
         raise ValueError(f"probs must be a 2-D [batch, vocab] tensor, got {getattr(probs, 'shape', type(probs))}")
     if sampling_seed is None or positions is None:
@@ -53,11 +54,6 @@ def check_draft_rows(probs, sampling_seed, positions) -> None:
             f"sampling_seed must have one value per probability row, got {sampling_seed.numel()} seeds for "
             f"{probs.shape[0]} rows (slice graph buffers to the live batch: seeds[:bs])"
         )
-
-
-def check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy) -> None:
-    """A sampler's inputs: :func:`check_draft_rows`, float32 ``probs``, the ``greedy`` mask and ``draft_step``."""
-    check_draft_rows(probs, sampling_seed, positions)
     if probs.dtype != torch.float32:
         raise ValueError(
             f"probs must be float32 (what upstream's sampling softmax produces), got {probs.dtype}; "
@@ -84,3 +80,29 @@ def check_kernel_inputs(probs, sampling_seed, positions, draft_step, greedy) -> 
     for name, t in (("sampling_seed", sampling_seed), ("positions", positions), ("greedy", greedy)):
         if t is not None and t.device != dev:
             raise ValueError(f"{name} is on {t.device} but probs is on {dev}; all inputs must share a device")
+
+
+def check_hot_draft_inputs(probs, sampling_seed, positions, draft_step, greedy, hot_to_target, target_vocab_size):
+    """A reduced draw's inputs: the full draw's contract, with ``draft_step`` checked against the TARGET vocabulary
+    (the column word is ``draft_step * V + target id``) and ``hot_to_target`` int64 ``[Vd]`` on ``probs``' device,
+    ``Vd`` = ``probs.shape[1]`` <= ``target_vocab_size``.  Shapes only: no host synchronisation (the map's values
+    are checked once, when its ``HotVocab`` is built)."""
+    check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
+    vt = target_vocab_size
+    if isinstance(vt, torch.Tensor) or int(vt) != vt or not 0 < int(vt) < 2**31:
+        raise ValueError(f"target_vocab_size must be a Python int in [1, 2**31), got {target_vocab_size!r}")
+    if not isinstance(hot_to_target, torch.Tensor) or hot_to_target.dtype != torch.int64 or hot_to_target.dim() != 1:
+        raise ValueError(
+            f"hot_to_target must be a 1-D int64 tensor of target ids (HotVocab.hot_to_target), got "
+            f"{getattr(hot_to_target, 'dtype', type(hot_to_target))} {tuple(getattr(hot_to_target, 'shape', ()))}"
+        )
+    if hot_to_target.numel() != probs.shape[1]:
+        raise ValueError(
+            f"hot_to_target has {hot_to_target.numel()} entries but the draft distribution has {probs.shape[1]} "
+            "columns; pass the draft's own map (one target id per draft-vocabulary column)"
+        )
+    if probs.shape[1] > vt:
+        raise ValueError(f"a draft vocabulary of {probs.shape[1]} tokens cannot map into a target vocabulary of {vt}")
+    if hot_to_target.device != probs.device:
+        raise ValueError(f"hot_to_target is on {hot_to_target.device} but probs is on {probs.device}")
+    keys.check_draft_step(int(draft_step), int(vt))

@@ -1,4 +1,4 @@
-"""Reduced-vocabulary ("hot token") drafts: the map, its input contract and the CPU twin of their seeded proposal.
+"""Reduced-vocabulary ("hot token") drafts: the map and the CPU twin of their seeded proposal.
 
 Most published EAGLE3 drafts score only ``Vd`` "hot" tokens (e.g. 32,000 of a 128k - 152k target vocabulary); the
 checkpoint's ``d2t`` buffer maps draft id ``j`` to target id ``j + d2t[j]`` (SGLang turns it into
@@ -20,9 +20,10 @@ id, the draft index (what SGLang's draft loop maps through ``hot_token_id`` itse
 The verify then reads q(x) = q_draft[target_to_draft[x]] and subtracts q only at hot ids in the residual
 max(p - q, 0) over the WHOLE target vocabulary (:mod:`sglang_detspec.stream.hot_chain_verify`).
 
-The checks of :func:`check_hot_draft_inputs` read no tensor values (capture-safe); the map's values (unique ids in
-range) are checked once, when a :class:`HotVocab` is built.  Slow reference (``[B, Vd]`` int64 / float64), for CPU
-tests and audits; the Triton kernel is :mod:`sglang_detspec.kernels.seeded_hot_draft_sample`.
+The draw's input contract is :func:`sglang_detspec.stream.draft_contract.check_hot_draft_inputs` (shapes only,
+capture-safe); the map's values (unique ids in range) are checked once, when a :class:`HotVocab` is built.  Slow
+reference (``[B, Vd]`` int64 / float64), for CPU tests and audits; the Triton kernel is
+:mod:`sglang_detspec.kernels.seeded_hot_draft_sample`.
 """
 
 from __future__ import annotations
@@ -32,13 +33,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import keys
-from .draft_contract import check_draft_sample_inputs
+from .draft_contract import check_hot_draft_inputs
 from .reference import murmur3_salted_hash, race_scores
 
-__all__ = [
-    "HotVocab", "HotDraftDraw", "check_hot_draft_inputs", "scatter_to_target", "seeded_hot_draft_sample",
-]
+__all__ = ["HotVocab", "HotDraftDraw", "scatter_to_target", "seeded_hot_draft_sample"]
 
 #: ``target_to_draft`` entry of a target id outside the hot set.
 NOT_HOT = -1
@@ -109,31 +107,6 @@ class HotDraftDraw(NamedTuple):
     prob: torch.Tensor
     token: torch.Tensor
     draft_index: torch.Tensor
-
-
-def check_hot_draft_inputs(probs, sampling_seed, positions, draft_step, greedy, hot_to_target, target_vocab_size):
-    """A reduced draw's inputs: the full draw's contract, with ``draft_step`` checked against the TARGET vocabulary
-    (the column word is ``draft_step * V + target id``) and ``hot_to_target`` int64 ``[Vd]`` on ``probs``' device,
-    ``Vd`` = ``probs.shape[1]`` <= ``target_vocab_size``.  Shapes only: no host synchronisation."""
-    check_draft_sample_inputs(probs, sampling_seed, positions, draft_step, greedy)
-    vt = target_vocab_size
-    if isinstance(vt, torch.Tensor) or int(vt) != vt or not 0 < int(vt) < 2**31:
-        raise ValueError(f"target_vocab_size must be a Python int in [1, 2**31), got {target_vocab_size!r}")
-    if not isinstance(hot_to_target, torch.Tensor) or hot_to_target.dtype != torch.int64 or hot_to_target.dim() != 1:
-        raise ValueError(
-            f"hot_to_target must be a 1-D int64 tensor of target ids (HotVocab.hot_to_target), got "
-            f"{getattr(hot_to_target, 'dtype', type(hot_to_target))} {tuple(getattr(hot_to_target, 'shape', ()))}"
-        )
-    if hot_to_target.numel() != probs.shape[1]:
-        raise ValueError(
-            f"hot_to_target has {hot_to_target.numel()} entries but the draft distribution has {probs.shape[1]} "
-            "columns; pass the draft's own map (one target id per draft-vocabulary column)"
-        )
-    if probs.shape[1] > vt:
-        raise ValueError(f"a draft vocabulary of {probs.shape[1]} tokens cannot map into a target vocabulary of {vt}")
-    if hot_to_target.device != probs.device:
-        raise ValueError(f"hot_to_target is on {hot_to_target.device} but probs is on {probs.device}")
-    keys.check_draft_step(int(draft_step), int(vt))
 
 
 def scatter_to_target(q: torch.Tensor, hot_to_target: torch.Tensor, target_vocab_size: int) -> torch.Tensor:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang_detspec.rollouts import ROLLOUT_PROMPTS
+
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -41,12 +43,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 N = 4
 MAX_NEW_TOKENS = 24
-PROMPTS = [
-    "Question: what is the sum of the first ten odd numbers? Answer:",
-    "Write one sentence about a lighthouse keeper:",
-    "The recipe for bread begins with",
-    "In the year 2087, the colony ship",
-]
+PROMPTS = list(ROLLOUT_PROMPTS[:4])  # what examples/grpo_rollout.py --prompts 4 sends
 SEEDS = [301 + 11 * i for i in range(len(PROMPTS))]
 #: The fake training update: target tensors x0.05 std, the draft's MLP x1.0 std (large, so its proposals change).
 TARGET_SCALE, DRAFT_SCALE, UPDATE_SEED = 0.05, 1.0, 2024

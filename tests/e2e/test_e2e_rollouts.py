@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from sglang_detspec.rollouts import ROLLOUT_PROMPTS
+
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -30,16 +32,7 @@ pytestmark = h.module_marks(SERVER)
 
 N = 8
 MAX_NEW_TOKENS = 24
-PROMPTS = [
-    "Question: what is the sum of the first ten odd numbers? Answer:",
-    "Write one sentence about a lighthouse keeper:",
-    "The recipe for bread begins with",
-    "In the year 2087, the colony ship",
-    "List three uses of a paperclip:",
-    "The old mill by the river",
-    "Explain why the sky is blue in simple words:",
-    "A haiku about winter mornings:",
-]
+PROMPTS = list(ROLLOUT_PROMPTS)
 SEEDS = [101 + 7 * i for i in range(len(PROMPTS))]
 
 

@@ -36,7 +36,6 @@ import torch
 
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.sampling import scheme
-from sglang_detspec.stream.draft_contract import check_draft_rows
 from sglang_detspec.stream.hot_vocab import HotVocab
 
 __all__ = ["coupled_draft_proposal", "draft_proposal_probs", "seeded_draft_proposal", "greedy_mask_from_top_ks"]
@@ -95,44 +94,34 @@ def seeded_draft_proposal(
             lowest-target-id argmax), and ``topk_index`` is the DRAFT index, which SGLang's draft loop maps
             through its own ``hot_token_id``.
     """
-    # The shared contract's per-row part: probs may still be half precision here (cast below).
-    check_draft_rows(probs, sampling_seed, positions)
-    bs = probs.shape[0]
-    greedy = greedy_mask_from_top_ks(top_ks, bs)
+    # No checks of its own: the draw chosen below validates every row it reads, once (stream/draft_contract.py).
+    # The draws are imported lazily: the kernel modules define Triton kernels, which must be imported after
+    # TRITON_INTERPRET is decided (tests set it on CPU).
+    greedy = greedy_mask_from_top_ks(top_ks, probs.shape[0])
     if scheme.current() == scheme.COUPLED:
         return coupled_draft_proposal(probs, sampling_seed, positions, greedy=greedy, hot_vocab=hot_vocab)
     if hot_vocab is not None:
-        return _hot_draft_proposal(probs, sampling_seed, positions, int(draft_step), greedy, hot_vocab)
+        # X is raced under its target id; the proposal is (q(X), draft index of X).
+        if probs.is_cuda:
+            from sglang_detspec.kernels.seeded_hot_draft_sample import seeded_hot_draft_sample
+        else:
+            from sglang_detspec.stream.hot_vocab import seeded_hot_draft_sample
+        draw = seeded_hot_draft_sample(
+            probs.float(), sampling_seed, positions, int(draft_step), hot_vocab.hot_to_target,
+            hot_vocab.target_vocab_size, greedy=greedy,
+        )
+        return probs.gather(1, draw.draft_index), draw.draft_index
     if probs.is_cuda:
-        # Imported lazily: the kernel module defines Triton kernels, which must
-        # be imported after TRITON_INTERPRET is decided (tests set it on CPU).
         from sglang_detspec.kernels import seeded_draft_sample
     else:
         from sglang_detspec.stream.reference import seeded_draft_sample
-    if probs.dtype in (torch.float16, torch.bfloat16):
-        # The samplers take float32. Up-casting a half-precision q is exact, so
-        # the race (float64 scores either way) picks the same token upstream
-        # would; q(X) is still gathered from the q verify will see.
-        _, topk_index = seeded_draft_sample(
-            probs.float(), sampling_seed, positions, int(draft_step), greedy=greedy
-        )
-        return probs.gather(1, topk_index), topk_index
-    return seeded_draft_sample(
-        probs, sampling_seed, positions, int(draft_step), greedy=greedy
+    # The samplers take float32. Up-casting a half-precision q is exact, so the race (float64 scores either way)
+    # picks the same token upstream would; q(X) is then gathered from the q verify will see.
+    half = probs.dtype in (torch.float16, torch.bfloat16)
+    topk_p, topk_index = seeded_draft_sample(
+        probs.float() if half else probs, sampling_seed, positions, int(draft_step), greedy=greedy
     )
-
-
-def _hot_draft_proposal(probs, sampling_seed, positions, draft_step, greedy, hot_vocab):
-    """A reduced draft's seeded proposal ``(q(X), draft index of X)``, X raced under its target id."""
-    if probs.is_cuda:
-        from sglang_detspec.kernels.seeded_hot_draft_sample import seeded_hot_draft_sample
-    else:
-        from sglang_detspec.stream.hot_vocab import seeded_hot_draft_sample
-    draw = seeded_hot_draft_sample(
-        probs.float(), sampling_seed, positions, draft_step, hot_vocab.hot_to_target, hot_vocab.target_vocab_size,
-        greedy=greedy,
-    )
-    return probs.gather(1, draw.draft_index), draw.draft_index
+    return (probs.gather(1, topk_index), topk_index) if half else (topk_p, topk_index)
 
 
 def coupled_draft_proposal(
@@ -157,21 +146,18 @@ def coupled_draft_proposal(
     Triton race keys by column index.
     """
     q32 = probs.float()  # exact for half-precision q (a no-op for float32); the race reads float32 log q
-    seeds = sampling_seed[: probs.shape[0]].to(torch.int64)
-    pos = positions[: probs.shape[0]]
-    if pos.dtype not in (torch.int32, torch.int64):
-        pos = pos.to(torch.int64)
     cap = compat.seeded_race_caps_unit_uniform()
+    # The race validates the seeds and positions (one int64 seed and one key position per row) itself.
     if hot_vocab is not None:
-        return _coupled_hot_proposal(probs, q32, seeds, pos, greedy, hot_vocab, cap)
+        return _coupled_hot_proposal(probs, q32, sampling_seed, positions, greedy, hot_vocab, cap)
     if probs.is_cuda:
         from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs
 
-        tokens = coupled_race_probs(q32, seeds, pos, cap_unit_uniform=cap)  # log q taken in the kernel
+        tokens = coupled_race_probs(q32, sampling_seed, positions, cap_unit_uniform=cap)  # log q taken in the kernel
     else:
         from sglang_detspec.stream.coupled_reference import coupled_race_reference
 
-        tokens = coupled_race_reference(torch.log(q32), seeds, pos, cap_unit_uniform=cap)
+        tokens = coupled_race_reference(torch.log(q32), sampling_seed, positions, cap_unit_uniform=cap)
     if greedy is not None:
         tokens = torch.where(greedy, probs.argmax(dim=1), tokens)
     index = tokens.view(-1, 1)

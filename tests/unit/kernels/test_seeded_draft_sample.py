@@ -294,10 +294,7 @@ def test_gpu_padded_zero_rows_are_cheap_and_return_zero():
 
 
 # ------------------------------------------------------------------------------ stage-1 paths
-import sys as _sys  # noqa: E402
-
-# the module (the package re-exports the function under the module's name)
-_SDS = _sys.modules["sglang_detspec.kernels.seeded_draft_sample"]
+from sglang_detspec.kernels import draft_scoring as _SDS  # noqa: E402
 
 
 def test_near_ties_in_one_chunk_take_the_multi_candidate_path():

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from sglang_detspec.stream import reference
+from sglang_detspec.stream.draft_contract import check_hot_draft_inputs
 from sglang_detspec.stream.hot_vocab import (
     NOT_HOT,
     HotVocab,
-    check_hot_draft_inputs,
     scatter_to_target,
     seeded_hot_draft_sample,
 )
