@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Compile the draft samplers' and the batch-invariant GEMM's Triton kernels for an H100 / H200 (sm_90a) on any
+machine, and report ptxas' registers and spills per launch.
+
+    python scripts/compile_kernels.py [--json FILE]
+
+No GPU needed: Triton compiles for a CUDA target without a driver, and its wheel ships ``ptxas``.  The interpreter
+(the CPU tests) runs the kernels' Python, not the compiler: a kernel can pass every interpreter test and still fail
+to compile (a ``tl`` call the compiler types differently, a jit helper it cannot resolve across modules).  This
+compiles each launch the package can make of the seeded draft sampler (stage 1 at every ``LAUNCH_TABLE`` block,
+fast and precise screen, with and without the greedy mask; stage 2), the reduced-vocabulary sampler and the GEMM
+(every launch of its table, rows past M masked and not, with and without bias).  Exit 1 when any launch fails to
+compile, naming it.  Run it with TRITON_INTERPRET unset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ARCH = (90, "sm_90a")
+
+
+def _ptxas() -> str:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not path.exists():
+        raise SystemExit(f"compile_kernels: {path} is missing; this Triton wheel ships no CUDA tools (install the "
+                         "triton that torch's CUDA wheel pins)")
+    return str(path)
+
+
+def _compile(fn, signature: dict, constexprs: dict, warps: int, workdir: Path, label: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", ARCH[0], 32), options={"num_warps": warps})
+    ptx = workdir / (re.sub(r"[^A-Za-z0-9_.-]", "_", label) + ".ptx")
+    ptx.write_text(kernel.asm["ptx"])
+    report = subprocess.run([_ptxas(), f"-arch={ARCH[1]}", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
+                            capture_output=True, text=True, check=True).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return dict(kernel=label, registers=int(registers.group(1)) if registers else None,
+                spill_store_bytes=int(spills.group(1)) if spills else 0)
+
+
+def _draft_sampler_launches():
+    # by module path: the package exports each kernel function under its module's name
+    module = importlib.import_module("sglang_detspec.kernels.seeded_draft_sample")
+    hot = importlib.import_module("sglang_detspec.kernels.seeded_hot_draft_sample")
+    sds = module
+    stage1 = {"probs_ptr": "*fp32", "row_stride": "i32", "seed_ptr": "*i64", "pos_ptr": "*i64", "greedy_ptr": "*i1",
+              "part_score_ptr": "*fp64", "part_idx_ptr": "*i32", "V": "i32", "col_base": "i32", "NC": "i32"}
+    stage2 = dict(stage1, out_p_ptr="*fp32", out_idx_ptr="*i64")
+    hot1 = {"probs_ptr": "*fp32", "row_stride": "i32", "map_ptr": "*i64", "seed_ptr": "*i64", "pos_ptr": "*i64",
+            "greedy_ptr": "*i1", "part_score_ptr": "*fp64", "part_tok_ptr": "*i32", "part_idx_ptr": "*i32",
+            "VD": "i32", "col_base": "i64", "NC": "i32"}
+    hot2 = {"probs_ptr": "*fp32", "row_stride": "i32", "part_score_ptr": "*fp64", "part_tok_ptr": "*i32",
+            "part_idx_ptr": "*i32", "out_p_ptr": "*fp32", "out_tok_ptr": "*i64", "out_idx_ptr": "*i64", "NC": "i32"}
+    for _, config in sds.LAUNCH_TABLE:
+        for greedy in (False, True):
+            for fast in (True, False):
+                tag = f"b{config.block_size}w{config.num_warps}{'-greedy' if greedy else ''}-{'fast' if fast else 'precise'}"
+                yield (f"seeded_draft_sample stage1 {tag}", module._stage1_kernel, dict(stage1),
+                       dict(HAS_GREEDY=greedy, BLOCK=config.block_size, FAST=fast), config.num_warps)
+                yield (f"seeded_hot_draft_sample stage1 {tag}", hot._hot_stage1, dict(hot1),
+                       dict(HAS_GREEDY=greedy, BLOCK=config.block_size, FAST=fast), config.num_warps)
+            yield (f"seeded_draft_sample stage2 b{config.block_size}{'-greedy' if greedy else ''}",
+                   module._stage2_kernel, dict(stage2),
+                   dict(HAS_GREEDY=greedy, NC_POW2=16, BLOCK=config.block_size), 4)
+    yield "seeded_hot_draft_sample stage2", hot._hot_stage2, dict(hot2), dict(NC_POW2=16), 4
+
+
+def _gemm_launches():
+    gemm = importlib.import_module("sglang_detspec.kernels.batch_invariant_gemm")
+
+    signature = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "bias_ptr": "*bf16", "ws_ptr": "*bf16",
+                 "M": "i32", "N": "i32", "K": "i32", "K_PER_SPLIT": "i32", "stride_am": "i32", "stride_ak": "i32",
+                 "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32", "stride_cn": "i32"}
+    configs = sorted({c for _, cands in gemm.LAUNCH_TABLE for c in cands}, key=lambda c: (c.block_m, c.block_n))
+    for config in configs:
+        for masked in (True, False):
+            for bias in (False, True):
+                c = dataclasses.replace(config, mask_rows=masked)
+                yield (f"batch_invariant_gemm {c.short()}{' bias' if bias else ''}",
+                       gemm._batch_invariant_matmul_kernel, dict(signature),
+                       dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_SIZE_M=c.group_size_m,
+                            SPLIT_K=1, FOLD_SPLITS=False, A_LARGE=False, B_LARGE=False, C_LARGE=False,
+                            HAS_BIAS=bias, EVEN_K=True, MASK_ROWS=masked, UPCAST_DOT=False), c.num_warps)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("compile_kernels: TRITON_INTERPRET=1 makes every kernel an interpreted function, which cannot be "
+              "compiled; run it with TRITON_INTERPRET unset", file=sys.stderr)
+        return 2
+    launches = list(_draft_sampler_launches()) + list(_gemm_launches())
+    rows, failed = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, fn, signature, constexprs, warps) in enumerate(launches, 1):
+            try:
+                row = _compile(fn, signature, constexprs, warps, Path(tmp), label)
+            except Exception as e:  # report every launch that does not build, then fail
+                failed.append(label)
+                print(f"[{i}/{len(launches)}] {label}: FAILED to compile: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr, flush=True)
+                continue
+            rows.append(row)
+            print(f"[{i}/{len(launches)}] {label}: {row['registers']} registers, {row['spill_store_bytes']} B "
+                  "spilled", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(dict(rows=rows, failed=failed), indent=1) + "\n")
+    if failed:
+        print(f"compile_kernels: {len(failed)} of {len(launches)} launches failed to compile for {ARCH[1]}",
+              file=sys.stderr)
+        return 1
+    print(f"compile_kernels: all {len(launches)} launches compile for {ARCH[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
