@@ -11,20 +11,35 @@ Add ``--page raw`` and grep ``pipe_.*_cycles_active`` / ``issue_stalled`` for pi
 reasons.  Config names are those of ``sglang_detspec.bench.sampler_bench.LAUNCH_VARIANTS`` (scripts/bench/bench_kernel_variants.py).
 """
 
+import argparse
 import sys
 
 import torch
 
 from sglang_detspec.bench import sampler_bench as benchmark
 
-probs, seeds, pos = benchmark.make_inputs(128, 163840, torch.device("cuda"))
-fns = [(n, benchmark.launch_variant(n)) for n in sys.argv[1:]]
-for _, fn in fns:  # compile and warm up outside the profiled range
-    fn(probs, seeds, pos, 1)
-torch.cuda.synchronize()
-torch.cuda.profiler.start()
-for name, fn in fns:
-    print("profiling", name, flush=True)
-    fn(probs, seeds, pos, 1)
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("configs", nargs="+", choices=sorted(benchmark.LAUNCH_VARIANTS),
+                    help="launch configurations to profile, by name")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_stage1: no CUDA GPU visible; run it under Nsight Compute on a GPU machine", file=sys.stderr)
+        return 2
+    probs, seeds, pos = benchmark.make_inputs(128, 163840, torch.device("cuda"))
+    fns = [(n, benchmark.launch_variant(n)) for n in args.configs]
+    for _, fn in fns:  # compile and warm up outside the profiled range
+        fn(probs, seeds, pos, 1)
     torch.cuda.synchronize()
-torch.cuda.profiler.stop()
+    torch.cuda.profiler.start()
+    for name, fn in fns:
+        print("profiling", name, flush=True)
+        fn(probs, seeds, pos, 1)
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
