@@ -19,42 +19,16 @@ import argparse
 import dataclasses
 import importlib
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ARCH = (90, "sm_90a")
-
-
-def _ptxas() -> str:
-    import triton
-
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not path.exists():
-        raise SystemExit(f"compile_kernels: {path} is missing; this Triton wheel ships no CUDA tools (install the "
-                         "triton that torch's CUDA wheel pins)")
-    return str(path)
+from sglang_detspec.bench.hopper_compile import ARCH, compile_for_hopper, interpreted_refusal
 
 
 def _compile(fn, signature: dict, constexprs: dict, warps: int, workdir: Path, label: str) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
-    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", ARCH[0], 32), options={"num_warps": warps})
-    ptx = workdir / (re.sub(r"[^A-Za-z0-9_.-]", "_", label) + ".ptx")
-    ptx.write_text(kernel.asm["ptx"])
-    report = subprocess.run([_ptxas(), f"-arch={ARCH[1]}", "-v", str(ptx), "-o", str(ptx.with_suffix(".cubin"))],
-                            capture_output=True, text=True, check=True).stderr
-    registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    return dict(kernel=label, registers=int(registers.group(1)) if registers else None,
-                spill_store_bytes=int(spills.group(1)) if spills else 0)
+    kernel = compile_for_hopper(fn, signature, constexprs, warps, workdir, label)
+    return dict(kernel=label, registers=kernel.registers, spill_store_bytes=kernel.spill_store_bytes)
 
 
 def _draft_sampler_launches():
@@ -106,9 +80,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("compile_kernels: TRITON_INTERPRET=1 makes every kernel an interpreted function, which cannot be "
-              "compiled; run it with TRITON_INTERPRET unset", file=sys.stderr)
+    refusal = interpreted_refusal("compile_kernels")
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     launches = list(_draft_sampler_launches()) + list(_gemm_launches())
     rows, failed = [], []

@@ -19,69 +19,43 @@ import argparse
 import collections
 import importlib
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ARCH = (90, "sm_90a")  # the H200's
+from sglang_detspec.bench.hopper_compile import compile_for_hopper, cuda_tool, interpreted_refusal
+
 _STAGE1_SIGNATURE = {
     "probs_ptr": "*fp32", "row_stride": "i32", "seed_ptr": "*i64", "pos_ptr": "*i64", "part_score_ptr": "*fp64",
     "part_idx_ptr": "*i32", "V": "i32", "NC": "i32",
-    "CAP": "constexpr", "RECIP": "constexpr", "BLOCK": "constexpr", "FAST": "constexpr",
 }
 _SASS_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def _tool(name: str) -> str:
-    import triton
-
-    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
-    if not path.exists():
-        raise SystemExit(f"sass_counts: {path} is missing; this Triton wheel ships no CUDA tools (install the "
-                         "triton that torch's CUDA wheel pins, e.g. pip install torch --index-url "
-                         "https://download.pytorch.org/whl/cu130)")
-    return str(path)
-
-
 def compile_stage1(block: int, warps: int, fast: bool, workdir: Path) -> dict:
     """ptxas' report and SASS op counts of ``_probs_stage1`` (cap and reciprocal form: 0.5.18+ on CUDA)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     # by module path: the package's own name coupled_race_probs is the kernel function it exports
     race = importlib.import_module("sglang_detspec.kernels.coupled_race_probs")
-
-    src = ASTSource(fn=race._probs_stage1, signature=_STAGE1_SIGNATURE,
-                    constexprs={"CAP": True, "RECIP": True, "BLOCK": block, "FAST": fast})
-    kernel = triton.compile(src, target=GPUTarget("cuda", ARCH[0], 32), options={"num_warps": warps})
-    ptx = kernel.asm["ptx"]
-    stem = workdir / f"stage1_{block}x{warps}_{'fast' if fast else 'precise'}"
-    stem.with_suffix(".ptx").write_text(ptx)
-    cubin = stem.with_suffix(".cubin")
-    report = subprocess.run([_tool("ptxas"), f"-arch={ARCH[1]}", "-v", str(stem.with_suffix(".ptx")), "-o", str(cubin)],
-                            capture_output=True, text=True, check=True).stderr
-    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    kernel = compile_for_hopper(race._probs_stage1, _STAGE1_SIGNATURE,
+                                {"CAP": True, "RECIP": True, "BLOCK": block, "FAST": fast}, warps, workdir,
+                                f"stage1_{block}x{warps}_{'fast' if fast else 'precise'}")
+    sass = subprocess.run([cuda_tool("cuobjdump"), "-sass", str(kernel.cubin)], capture_output=True, text=True,
+                          check=True).stdout
     ops = collections.Counter(m.group(1) for m in map(_SASS_OP.match, sass.splitlines()) if m)
-    registers = re.search(r"Used (\d+) registers", report)
-    spills = re.search(r"(\d+) bytes spill stores", report)
-    return dict(block=block, warps=warps, screen="lg2.approx" if fast else "logf",
-                registers=int(registers.group(1)) if registers else None,
-                spill_store_bytes=int(spills.group(1)) if spills else 0,
-                sass_instructions=sum(ops.values()), mufu=ops["MUFU"], ffma=ops["FFMA"],
-                ptx_lg2_approx=ptx.count("lg2.approx"))
+    return dict(block=block, warps=warps, screen="lg2.approx" if fast else "logf", registers=kernel.registers,
+                spill_store_bytes=kernel.spill_store_bytes, sass_instructions=sum(ops.values()), mufu=ops["MUFU"],
+                ffma=ops["FFMA"], ptx_lg2_approx=kernel.ptx.count("lg2.approx"))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = ap.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("sass_counts: TRITON_INTERPRET=1 makes every kernel an interpreted function, which cannot be "
-              "compiled; run it with TRITON_INTERPRET unset", file=sys.stderr)
+    refusal = interpreted_refusal("sass_counts")
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
     from sglang_detspec.kernels.coupled_race_probs import LAUNCH_TABLE
 
