@@ -99,9 +99,17 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "token_map": Refusal(
         "--speculative-token-map {token_map}",
-        "a reduced (hot-token) draft vocabulary differs from the target's, and rejection sampling needs one shared "
-        "vocabulary",
-        "Drop the token map (use the full vocabulary), or use --speculative-algorithm {twin} (not reproducible).",
+        "a token map makes the draft's vocabulary a reduced (hot-token) one; DETSPEC serves that only opted in "
+        "(SGLANG_DETSPEC_REDUCED_VOCAB=1, its lossless check not yet run on a GPU) and never in the invariant mode, "
+        "whose GPU coupled race has no hot-token map",
+        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 (not with an _INVARIANT algorithm), or drop the token map (use the full "
+        "vocabulary), or use --speculative-algorithm {twin} (not reproducible).",
+    ),
+    "token_map_multi_layer": Refusal(
+        "--speculative-token-map {token_map} with multi-layer EAGLE",
+        "SGLang's multi-layer draft worker never loads the token map, so the draft would score the full vocabulary",
+        "Serve the reduced draft with the single-layer worker (drop --enable-multi-layer-eagle), or drop the token "
+        "map.",
     ),
     "block_verification": Refusal(
         "--speculative-use-block-verification",
@@ -149,10 +157,9 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "draft_vocab": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "the reduced-vocabulary (hot token) path of DETSPEC_EAGLE3 is CPU-tested but not yet verified on a GPU, so it "
-        "is off by default",
-        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (DETSPEC_EAGLE3 only), or use a "
-        "draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
+        "the reduced-vocabulary (hot token) path is off by default: its lossless check has not yet run on a GPU",
+        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (DETSPEC_EAGLE / DETSPEC_EAGLE3), "
+        "or use a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
     ),
     "draft_vocab_invariant": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",

@@ -170,7 +170,9 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
         if value is not None and float(value) != 1.0:
             raise refuse("accept_threshold", name, field=field.replace("_", "-"), value=value)
     token_map = _flag(server_args, "speculative_token_map")
-    if token_map is not None:
+    if token_map is not None and (scheme.scheme_for_algorithm(name) == scheme.COUPLED or not reduced_vocab_opted_in()):
+        # A token map is a reduced draft vocabulary (SGLang slices the draft's LM head to the hot ids), served
+        # through the same hot-vocabulary path as an EAGLE3 d2t map; the draft worker runs check_draft_vocab.
         raise refuse("token_map", name, token_map=token_map)
     if _flag(server_args, "speculative_use_block_verification", False):
         raise refuse("block_verification", name)
@@ -257,9 +259,10 @@ def check_draft_vocab(
 ) -> None:
     """Refuse a reduced-vocabulary draft unless DETSPEC can serve it (also called by the draft worker at init).
 
-    ``reduced``: whether the draft maps its vocabulary into the target's (a hot-token map); by default, whether the
-    sizes differ. A reduced draft is refused for the invariant mode and multi-layer EAGLE always, and for
-    DETSPEC_EAGLE3 unless :data:`REDUCED_VOCAB_ENV` is ``1``; opted in, it is served with a warning.
+    ``reduced``: whether the draft maps its vocabulary into the target's (a hot-token map: an EAGLE3 ``d2t`` or
+    ``--speculative-token-map``); by default, whether the sizes differ. A reduced draft is refused for the invariant
+    mode and multi-layer EAGLE always, and otherwise unless :data:`REDUCED_VOCAB_ENV` is ``1``; opted in, it is
+    served with a warning.
     """
     if draft_vocab_size is None or target_vocab_size is None:
         return
@@ -272,12 +275,13 @@ def check_draft_vocab(
         raise refuse("draft_vocab_invariant", name, **sizes)
     if multi_layer:
         raise refuse("draft_vocab_multi_layer", name, **sizes)
-    if DETSPEC_TWINS.get(name) != "EAGLE3" or not reduced_vocab_opted_in():
+    if DETSPEC_TWINS.get(name) not in ("EAGLE", "EAGLE3") or not reduced_vocab_opted_in():
         raise refuse("draft_vocab", name, **sizes)
     logger.warning(
         "%s: serving a reduced-vocabulary draft (%s of %s target tokens) because %s=1. This path (hot-token "
-        "proposals keyed by target id, the chain verify reading q through the hot map) is CPU-tested but NOT YET "
-        "GPU-verified; do not rely on its outputs until the GPU end-to-end and lossless checks have run.",
+        "proposals keyed by target id, the chain verify reading q through the hot map) gave one output per seed on "
+        "a GPU, but its lossless check is NOT YET GPU-verified; do not rely on its output distribution until it has "
+        "run.",
         name, draft_vocab_size, target_vocab_size, REDUCED_VOCAB_ENV,
     )
 
@@ -310,6 +314,11 @@ def _check_resolved(server_args: Any, name: str, twin: str) -> None:
     draft_path = _flag(server_args, "speculative_draft_model_path")
     if draft_path is None:
         raise refuse("no_draft_model", name)
+    token_map = _flag(server_args, "speculative_token_map")
+    if token_map is not None and compat.multi_layer_eagle_enabled(server_args):
+        # SGLang's multi-layer draft worker never loads the token map: the draft would silently score the full
+        # vocabulary the user asked to reduce.
+        raise refuse("token_map_multi_layer", name, token_map=token_map)
     _check_draft_vocab_from_configs(server_args, name, draft_path)
 
 

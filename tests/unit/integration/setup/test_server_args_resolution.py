@@ -202,6 +202,7 @@ REFUSALS = [
      "--speculative-accept-threshold-single 0.5", None),
     ("threshold-acc", "DETSPEC_EAGLE3", dict(speculative_accept_threshold_acc=0.9),
      "--speculative-accept-threshold-acc 0.9", None),
+    # without SGLANG_DETSPEC_REDUCED_VOCAB=1 (test_refusal unsets it); the opt-in's cases are below
     ("token-map", "DETSPEC_EAGLE", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
      "--speculative-token-map", None),
     ("block-verification", "DETSPEC_EAGLE", dict(speculative_use_block_verification=True),
@@ -226,7 +227,8 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c[0] for c in REFUSALS])
-def test_refusal(models, case):
+def test_refusal(models, case, monkeypatch):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     _id, name, extra, text, needs_field = case
     if needs_field is not None and not compat.has_field(ServerArgs(model_path="dummy"), needs_field):
         pytest.skip(f"this SGLang release has no {needs_field} field")
@@ -306,8 +308,30 @@ def test_check_draft_vocab_for_worker_init(monkeypatch):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256, multi_layer=True)
     with pytest.raises(DetspecConfigError, match="coupled race"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)
-    with pytest.raises(DetspecConfigError, match="draft vocabulary"):  # the opt-in is DETSPEC_EAGLE3's only
+    # DETSPEC_EAGLE's reduced drafts come from --speculative-token-map: served under the same opt-in
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
+    with pytest.raises(DetspecConfigError, match="coupled race"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE_INVARIANT", 32000, 128256)
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB")
+    with pytest.raises(DetspecConfigError, match="draft vocabulary"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
+
+
+def test_token_map_is_served_only_opted_in_and_single_layer(models, monkeypatch, tmp_path):
+    token_map = str(tmp_path / "hot_tokens.pt")  # the file is read by the draft worker, not at resolution
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    sa = resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map))
+    assert resolved(sa, "speculative_algorithm", "speculative_token_map") == {
+        "speculative_algorithm": "DETSPEC_EAGLE", "speculative_token_map": token_map}
+    with pytest.raises(DetspecConfigError, match="--speculative-token-map") as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE_INVARIANT", speculative_token_map=token_map))
+    assert "never in the invariant mode" in str(info.value)
+    with pytest.raises(DetspecConfigError, match="with multi-layer EAGLE"):
+        resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map,
+                            enable_multi_layer_eagle=True))
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "0")
+    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
+        resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map))
 
 
 def test_without_the_hook_sglang_refuses_loudly(models, monkeypatch):

@@ -193,6 +193,35 @@ def test_worker_start_without_a_hot_map_builds_nothing(monkeypatch):
     assert w.detspec_hot_vocab is None
 
 
+def _token_map_worker(tmp_path, hot):
+    """An EAGLE draft worker whose upstream body loads ``--speculative-token-map`` from a file and slices the shared
+    LM head to it (init_token_map / init_lm_head run for real)."""
+    path = tmp_path / "hot_tokens.pt"
+    torch.save(hot.tolist(), path)
+    w = _pool_worker(None, "EAGLE")
+    heads = {}
+    w.draft_runner = SimpleNamespace(model=SimpleNamespace(set_embed_and_head=lambda e, h: heads.update(head=h)))
+    return w, str(path), heads
+
+
+@pytest.mark.parametrize("opt_in", ["0", "1"])
+def test_an_eagle_token_map_takes_the_reduced_vocabulary_path(monkeypatch, tmp_path, opt_in, caplog):
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+    hot = _hot_map()
+    w, path, heads = _token_map_worker(tmp_path, hot)
+    with published(speculative_algorithm="EAGLE", speculative_token_map=path):
+        if opt_in != "1":
+            with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE.*SGLANG_DETSPEC_REDUCED_VOCAB=1"):
+                w.alloc_memory_pool()
+            return
+        with caplog.at_level("WARNING"):
+            w.alloc_memory_pool()
+    assert "NOT YET GPU-verified" in caplog.text
+    assert torch.equal(w.detspec_hot_vocab.hot_to_target, hot)  # the file's ids, in the file's order
+    assert int(w.detspec_hot_vocab.target_to_draft[int(hot[3])]) == 3
+    assert heads["head"].shape == (VD, HIDDEN)  # upstream sliced the draft's LM head to the hot ids
+
+
 def test_invariant_mode_refuses_a_reduced_draft_even_opted_in(monkeypatch):
     from sglang_detspec.integration.sampling import scheme
 
