@@ -201,7 +201,7 @@ def record(args) -> int:
     requests = request_set()
     data = {
         "format": results_file.FORMAT, "version": results_file.FORMAT_VERSION,
-        "environment": environment(),
+        "environment": dict(environment(), note=args.note),
         "settings": {"algorithms": args.algorithms, "graphs": args.graphs, "max_new_tokens": MAX_NEW_TOKENS,
                      "models": {"target": _dir_digest(models.target), "draft": _dir_digest(models.eagle_draft)}},
         "requests": requests, "servers": {}, "results": {}, "batch_invariance": {},
@@ -262,6 +262,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                      help=f"comma-separated, from {', '.join(ALGORITHMS)} (default {DEFAULT_ALGORITHMS})")
     rec.add_argument("--graphs", choices=("on", "off"), default="on", help="CUDA graphs (default on)")
     rec.add_argument("--compare-with", type=Path, default=None, help="a results file from another card to compare with")
+    rec.add_argument("--note", default=None,
+                     help="free text kept in the file and shown by compare, e.g. the plugin's commit where the "
+                     "checkout has no .git")
     rec.add_argument("--models-root", type=Path, default=None,
                      help="tiny-model cache root (default $DETSPEC_TINY_MODELS_ROOT, else the user cache)")
     rec.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for each server (default 600)")

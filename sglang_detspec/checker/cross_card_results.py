@@ -259,7 +259,9 @@ def compare_data(a: Dict[str, Any], b: Dict[str, Any], name_a: str = "A", name_b
 
 def _device(data: Dict[str, Any]) -> str:
     env = data.get("environment") or {}
-    return f"{env.get('device', '?')} (sglang {env.get('sglang', '?')}, torch {env.get('torch', '?')})"
+    text = f"{env.get('device', '?')} (sglang {env.get('sglang', '?')}, torch {env.get('torch', '?')}, plugin " \
+        f"{env.get('plugin_commit') or '?'})"
+    return text + (f"; note: {env['note']}" if env.get("note") else "")
 
 
 def format_comparison(results: List[AlgorithmComparison], a: Dict[str, Any], b: Dict[str, Any],

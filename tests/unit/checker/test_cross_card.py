@@ -478,11 +478,11 @@ def test_record_twice_on_equal_cards_compares_same(fake_card, capsys):
     assert data["batch_invariance"] == {"DETSPEC_EAGLE": {"differing_requests": []}, "NONE": {"differing_requests": []}}
     assert "--speculative-algorithm" not in data["servers"]["NONE"]["command"]
     code, _ = fake_card("h200.json", "--algorithms", "DETSPEC_EAGLE,NONE", "--compare-with", str(a),
-                        device="NVIDIA H200")
+                        "--note", "commit abc1234", device="NVIDIA H200")
     out = capsys.readouterr().out
     assert code == 0, out
     assert "DETSPEC_EAGLE: all 60 requests bit-identical" in out and "NONE: all 60 requests bit-identical" in out
-    assert "NVIDIA H200" in out and "SAME" in out and "60/60 one at a time" in out
+    assert "NVIDIA H200" in out and "note: commit abc1234" in out and "SAME" in out and "60/60 one at a time" in out
 
 
 def test_record_finds_a_card_whose_token_differs(fake_card, capsys):
@@ -509,3 +509,12 @@ def test_record_finds_batch_variance_on_its_own_card_and_across(fake_card, capsy
     assert cross_card.main(["compare", str(clean), str(nudged)]) == 1
     out = capsys.readouterr().out
     assert "DETSPEC_EAGLE: requests that differ, of 60: sequential 0 (tokens in 0), concurrent " in out
+
+
+def test_plugin_commit_names_this_checkout():
+    commit = cross_card.plugin_commit()
+    if not (REPO / ".git").exists():
+        assert commit is None
+        return
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert commit in (head, head + "+dirty")
