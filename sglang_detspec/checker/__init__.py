@@ -8,6 +8,10 @@
 * :mod:`.report`  -- the result dataclasses, the JSON report, the printed text.
 
 It talks HTTP only (``requests``) and never imports SGLang, so it checks any SGLang server from anywhere.
+
+Beside ``check``: :mod:`.cross_card` (``scripts/cross_card.py``: the same seeded requests recorded on one GPU and
+compared bit for bit on another; it starts its own tiny-pair servers, as a subprocess) with its results file,
+:mod:`.cross_card_results`.
 """
 
 from sglang_detspec.checker.client import ServerInfo, ServerUnreachable, parse_server_url
