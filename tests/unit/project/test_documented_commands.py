@@ -26,6 +26,7 @@ _LAUNCHERS = [
 ]
 _FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 _END = re.compile(r"\s(?:#|\||>|&&|;)|`")
+_SUBCOMMAND = re.compile(r"\s+([a-z][a-z_-]*)(?=\s|$)")
 # sglang-detspec in prose ("sglang-detspec proposes ...") is not a command: only these subcommands exist
 _SUBCOMMANDS = {"serve", "check", "demo", "bench", "bench-serve"}
 
@@ -53,7 +54,11 @@ def documented_commands(paths=DOCS):
                     rest = span[m.end():]
                     end = _END.search(rest)
                     flags = _FLAG.findall(rest[: end.start()] if end else rest)
-                    entry = found.setdefault(tuple(launcher(m)), {})
+                    command = launcher(m)
+                    sub = _SUBCOMMAND.match(rest)
+                    if sub and pattern is _LAUNCHERS[0][0]:  # a script's subcommand (cross_card.py record ...)
+                        command.append(sub.group(1))
+                    entry = found.setdefault(tuple(command), {})
                     for flag in flags:
                         entry.setdefault(flag, []).append(path.name)
     return found
@@ -107,10 +112,12 @@ def test_control_a_documented_flag_the_script_lacks_is_caught(tmp_path):
 
 @pytest.mark.parametrize("text,flags", [
     ("python3 scripts/bench/bench_gemm.py --out $OUT/g --quick | tail -3", {"--out", "--quick"}),
+    ("python scripts/cross_card.py record --out h100.json --graphs on", {"--out", "--graphs"}),
     ("scripts/run_gpu_checks.sh OUT --only e2e \\\n    --e2e-tests tests/e2e/x.py  # a comment --ignored", {"--only", "--e2e-tests"}),
 ])
 def test_the_scan_reads_flags_up_to_the_end_of_the_command(tmp_path, text, flags):
     doc = tmp_path / "doc.md"
     doc.write_text(text + "\n")
-    (entry,) = documented_commands([doc]).values()
+    ((launcher, entry),) = documented_commands([doc]).items()
     assert set(entry) == flags
+    assert launcher[-1] == ("record" if "record" in text else launcher[-1])  # a script's subcommand is kept
