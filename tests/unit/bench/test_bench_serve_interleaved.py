@@ -171,7 +171,7 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
     from sglang_detspec.models import midsize_models
 
     events, written = [], {}
-    rate = {"no_spec": 600.0, "eagle_rs": 1000.0, "detspec": 900.0}
+    rate = {"no_spec": 600.0, "eagle_rs": 1000.0, "detspec": 900.0, "detspec_breakdown": 100.0}
 
     class FakeServer:
         def __init__(self, spec, port, log_path, pid_file=None):
@@ -191,7 +191,7 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
         argv = sys.argv
         output = Path(argv[argv.index("--output-file") + 1])
         n, c = int(argv[argv.index("--num-prompts") + 1]), int(argv[argv.index("--max-concurrency") + 1])
-        config, r = re.fullmatch(r"(.+)-c\d+-(?:round(\d)|calibration)", output.stem).groups()
+        config, r = re.fullmatch(r"(.+)-c\d+(?:-round(\d)|-calibration)?", output.stem).groups()
         config, r = config, int(r or 0)
         if (config, r) == interrupt_at:
             raise KeyboardInterrupt
@@ -283,3 +283,17 @@ def test_an_interrupted_interleaved_run_reports_the_rounds_it_measured(tmp_path,
     of_medians = doc["ratios"]["detspec"]["eagle_rs"]["8"]
     assert of_medians == pytest.approx(0.9 * 0.9 / 0.85), "eagle_rs's median: rounds 1 and 2 (speeds 0.9, 0.8)"
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_the_breakdown_server_is_measured_alone_after_the_rounds(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    from sglang_detspec.models import midsize_models
+
+    runner, events, _ = _interleaved_run(monkeypatch, tmp_path)
+    settings = dataclasses.replace(SETTINGS, breakdown=True)
+    runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
+    breakdown_runs = [i for i, e in enumerate(events) if e[:2] == ("run", runner.BREAKDOWN)]
+    stops = [events.index(("stop", n)) for n in settings.configs]
+    assert breakdown_runs and max(stops) < min(breakdown_runs), "every configuration's server released first"
+    assert max(i for i, e in enumerate(events) if e[0] == "run" and e[1] != runner.BREAKDOWN) < min(stops)
