@@ -129,6 +129,8 @@ examples:
   {PROG} bench-serve --out results/serve                 # the full grid, concurrencies 1,8,32,128
   {PROG} bench-serve --out results/serve --quick         # concurrencies 1,32, shorter runs
   {PROG} bench-serve --out results/serve --breakdown     # plus a per-step breakdown of DETSPEC_EAGLE
+  {PROG} bench-serve --out results/serve --start parallel --order interleaved
+  {' ' * len(PROG)} {' ' * 48}# rounds across configurations, ratios paired per round
   {PROG} bench-serve --out x --dry-run                   # print every command, run nothing
 
 exit codes: 0 every run completed; 1 some run failed (see the table); 2 could not run.

@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start each server when its turn comes, alone on the GPU, or all side by side first (then "
                         "measure each alone; faster, but neighbours loading beside a server can change its KV sizing) "
                         "(default: %(default)s)")
+    p.add_argument("--order", choices=_configs.ORDERS, default="sequential",
+                   help="sequential: each configuration's calibration and repetitions in one block, its server "
+                        "released before the next; interleaved (needs --start parallel): every configuration "
+                        "calibrated, then --repetitions rounds of one repetition per configuration at every "
+                        "concurrency, the round's first configuration rotating, and the ratios also paired "
+                        "per round (a slow drift of the machine cancels in them) (default: %(default)s)")
     p.add_argument("--repetitions", type=int, default=None,
                    help=f"measured runs per configuration and concurrency, after one calibration run; the table "
                         f"gives the median and the min - max (default: {d.repetitions})")
@@ -99,6 +105,9 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
     steps = getattr(args, "profile_steps", 0) or 0
     if steps < 0:
         raise ValueError(f"--profile-steps must be >= 0 (0: measure throughput), got {steps}")
+    if steps and getattr(args, "order", None) == "interleaved":
+        raise ValueError("--order interleaved orders throughput repetitions; --profile-steps measures no throughput. "
+                         "Drop one of them")
     if steps and args.output_len is None:
         values["output_len"] = max(2048, PROFILE_TOKENS_PER_STEP * steps)
     for name in ("configs", "concurrencies", "prompts_per_concurrency", "input_len", "output_len", "temperature",
@@ -106,6 +115,7 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     values["parallel_start"] = args.start == "parallel"
+    values["order"] = getattr(args, "order", None) or "sequential"
     values["breakdown"] = bool(args.breakdown)
     return _configs.BenchSettings(**values).validate()
 
@@ -169,6 +179,8 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
     for conc in settings.concurrencies:
         cmd = _configs.bench_serving_command("python", 0, target, settings, conc, out / f"NAME-c{conc}.jsonl")
         lines.append(f"client c={conc}: {shlex.join(cmd)}")
+    if settings.order != "sequential":
+        lines.append(_configs.order_description(settings))
     lines.append(f"estimated duration: ~{_configs.estimate_seconds(settings):.0f} s")
     return "\n".join(lines)
 

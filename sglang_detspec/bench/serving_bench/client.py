@@ -13,6 +13,10 @@ An entry with ``"repetitions": R`` (and ``"min_seconds"``, ``"concurrency"``, ``
 its argv runs once as a calibration (warm-up included, discarded by the reader), then R more times with
 ``--num-prompts`` sized from the calibration's duration (:func:`..configs.repetition_prompts`) so that the R runs
 together last at least ``min_seconds``. ``output_file`` then holds 1 + R lines; the last R are the measurement.
+``--order interleaved`` splits a point in two kinds of entry: one with ``"calibrate": POINT`` (the point's fields)
+runs only the calibration and remembers the size it gives under the name POINT; one with ``"sized_by": POINT``
+(``argv``, ``reset_url``) is a single repetition with that size, so the runner can list the repetitions of every
+point in rounds. A ``sized_by`` entry whose calibration failed is skipped and counted as failed.
 
 ``bench_serving`` imports every dataset module at start-up, some with dependencies only they use (HF ``datasets``
 for MMMU, ``PIL`` for images) that a serving machine may lack; the benchmark uses ``random-ids`` alone, so a dataset
@@ -123,14 +127,14 @@ def _last_duration(path) -> float:
     return float(json.loads(lines[-1])["duration"])
 
 
-def _run_point(cli_main, run) -> int:
-    """A measured point: the calibration run, then ``repetitions`` sized runs; returns the number of failed runs."""
+def _calibrate(cli_main, run):
+    """A measured point's calibration run; the requests per repetition it sizes, or None if it failed."""
     from sglang_detspec.bench.serving_bench.configs import BenchSettings, repetition_prompts
 
     reset_url = run.get("reset_url")
     print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
     if not _run_once(cli_main, run["argv"]):
-        return 1 + run["repetitions"]
+        return None
     calibration_n = int(run["argv"][run["argv"].index("--num-prompts") + 1])
     settings = BenchSettings(repetitions=run["repetitions"], min_seconds=run["min_seconds"])
     try:
@@ -138,12 +142,23 @@ def _run_point(cli_main, run) -> int:
     except (OSError, ValueError, KeyError, IndexError) as e:
         print(f"[bench-serve client] no calibration result ({e}); repetitions keep {calibration_n} requests", flush=True)
         n = calibration_n
+    return n
+
+
+def _run_sized(cli_main, run, n: int) -> bool:
+    """One measured repetition of ``n`` requests, the speculation counters reset first; False if it failed."""
+    reset_url = run.get("reset_url")
+    print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
+    return _run_once(cli_main, _with_num_prompts(run["argv"], n))
+
+
+def _run_point(cli_main, run) -> int:
+    """A measured point: the calibration run, then ``repetitions`` sized runs; returns the number of failed runs."""
+    n = _calibrate(cli_main, run)
+    if n is None:
+        return 1 + run["repetitions"]
     print(f"[bench-serve client] {run['repetitions']} repetitions of {n} requests", flush=True)
-    failed = 0
-    for _ in range(run["repetitions"]):
-        print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
-        failed += not _run_once(cli_main, _with_num_prompts(run["argv"], n))
-    return failed
+    return sum(not _run_sized(cli_main, run, n) for _ in range(run["repetitions"]))
 
 
 def main(argv=None) -> int:
@@ -158,8 +173,23 @@ def main(argv=None) -> int:
     with open(argv[0]) as f:
         runs = json.load(f)["runs"]
 
-    failed = 0
+    failed, sizes = 0, {}
     for run in runs:
+        if run.get("calibrate"):
+            sizes[run["calibrate"]] = n = _calibrate(cli_main, run)
+            print(f"[bench-serve client] {run['calibrate']}: repetitions of {n} requests" if n else
+                  f"[bench-serve client] {run['calibrate']}: calibration failed, its repetitions will be skipped",
+                  flush=True)
+            failed += n is None
+            continue
+        if run.get("sized_by"):
+            n = sizes.get(run["sized_by"])
+            if n is None:
+                print(f"[bench-serve client] skipped: {run['sized_by']} has no calibration", flush=True)
+                failed += 1
+            else:
+                failed += not _run_sized(cli_main, run, n)
+            continue
         if run.get("repetitions"):
             failed += _run_point(cli_main, run)
             continue

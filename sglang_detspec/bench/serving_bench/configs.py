@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
            "parse_configs", "parse_concurrencies", "num_prompts", "repetition_prompts", "server_args",
-           "bench_serving_command", "estimate_seconds"]
+           "bench_serving_command", "estimate_seconds", "ORDERS", "round_order", "order_description"]
 
 SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
@@ -116,6 +116,7 @@ class BenchSettings:
     breakdown_concurrency: int = 8
     repetitions: int = 3  # measured runs per (configuration, concurrency); the table gives median and min - max
     min_seconds: float = 20.0  # measured traffic per point, summed over its repetitions (a calibration run sizes them)
+    order: str = "sequential"  # one of ORDERS: each configuration's repetitions in one block, or rounds across them
 
     def validate(self) -> "BenchSettings":
         if min(self.prompts_per_concurrency, self.input_len, self.output_len) < 1:
@@ -128,6 +129,13 @@ class BenchSettings:
             raise ValueError("--temperature must be positive: greedy decoding needs no rejection sampling")
         if self.breakdown_concurrency < 1:
             raise ValueError("--breakdown-concurrency must be at least 1")
+        if self.order not in ORDERS:
+            raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+        if self.order == "interleaved" and not self.parallel_start:
+            raise ValueError("--order interleaved needs --start parallel: the rounds alternate between the servers, "
+                             "so every server must be up for the whole measurement, but --start sequential (the "
+                             "default) starts each one only when its turn comes. Add --start parallel, or use "
+                             "--order sequential")
         return self
 
     @property
@@ -137,6 +145,35 @@ class BenchSettings:
     @property
     def context_length(self) -> int:
         return self.input_len + self.output_len + 64  # room for the draft tokens of the last verify
+
+
+#: ``--order``: ``sequential`` measures each configuration's repetitions in one block and releases its server before
+#: the next; ``interleaved`` measures in rounds (:func:`round_order`), so the machine's slow drift falls on every
+#: configuration of a round alike and the per-round ratios cancel it.
+ORDERS = ("sequential", "interleaved")
+
+
+def round_order(configs: Tuple[str, ...], repetitions: int) -> List[List[str]]:
+    """The configurations' order in each round of ``--order interleaved``: round r (0-based) starts at configuration
+    r mod n, so over n rounds each configuration runs once in every position (the first after the calibrations,
+    the one after the slowest neighbour, ...); fewer rounds cancel position effects only partly."""
+    n = len(configs)
+    return [list(configs[r % n:] + configs[:r % n]) for r in range(repetitions)] if n else []
+
+
+def order_description(settings: "BenchSettings") -> str:
+    """One paragraph on how the measurement is ordered, for ``--dry-run`` and the run's log."""
+    reps = settings.repetitions
+    if settings.order == "sequential":
+        return (f"order: sequential: each configuration alone in turn, a calibration run then {reps} repetitions at "
+                f"every concurrency; its server is released before the next configuration is measured; ratios are "
+                f"ratios of medians")
+    rounds = "; ".join(f"round {r + 1}: {', '.join(names)}"
+                       for r, names in enumerate(round_order(settings.configs, reps)))
+    return (f"order: interleaved: every server up; one calibration run per configuration and concurrency (in order "
+            f"{', '.join(settings.configs)}), then {reps} rounds of one repetition per configuration at every "
+            f"concurrency ({rounds}); servers released at the end; ratios are given both as ratios of medians and "
+            f"paired: the median and min - max of the per-round ratios")
 
 
 #: ``--quick``: two concurrencies, shorter outputs, two waves, one repetition of at least 5 s.
@@ -231,4 +268,7 @@ def estimate_seconds(settings: BenchSettings) -> float:
     measured = max(settings.min_seconds, _CLIENT_OVERHEAD_S * settings.repetitions)
     total += sum(run_s(c, n) + measured for c, n in runs) * len(settings.configs)
     total += sum(run_s(c, n, 3.0) for c, n in runs_breakdown)  # eager and synchronised: slower
-    return total + (_CLIENT_IMPORT_S + 10.0) * servers  # client start-up, stopping the server
+    # Client start-up (bench_serving's imports): one process per configuration, or one for every round of every
+    # configuration (plus the breakdown's own) when interleaved; then stopping each server.
+    clients = servers if settings.order == "sequential" else 1 + (1 if settings.breakdown else 0)
+    return total + _CLIENT_IMPORT_S * clients + 10.0 * servers

@@ -13,10 +13,12 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 __all__ = ["RunResult", "parse_bench_serving_line", "read_bench_serving_file", "read_repetitions", "compute_ratios",
-           "ratio_spread", "write_csv", "write_json", "write_plot", "format_table", "format_ratios", "GOALS",
+           "ratio_spread", "read_rounds", "paired_ratios", "format_paired_table", "write_paired_csv",
+           "paired_medians_and_spread", "PAIRED_CSV_FIELDS",
+           "write_csv", "write_json", "write_plot", "format_table", "format_ratios", "GOALS",
            "SUBJECT_GOALS", "SUBJECTS", "CSV_FIELDS"]
 
 #: Throughput goals, reported and never enforced: subject -> built-in configuration -> (lowest ratio of the
@@ -93,11 +95,16 @@ def read_repetitions(path: Path, repetitions: int, *, config: str, concurrency: 
     if len(lines) < 1 + repetitions:
         raise ValueError(f"{path} holds {max(len(lines) - 1, 0)} measured runs of {repetitions} (after the "
                          f"calibration run)")
-    lines = lines[-repetitions:]
+    return _summarize(lines[-repetitions:], config=config, concurrency=concurrency,
+                      calibration_prompts=calibration_prompts)
+
+
+def _summarize(lines: Sequence[str], *, config: str, concurrency: int, calibration_prompts: int) -> RunResult:
+    """One row from a point's measured bench_serving lines (:func:`read_repetitions`)."""
     completed = [json.loads(ln).get("completed") or 0 for ln in lines]
     size = max(max(completed), calibration_prompts)
     reps = [parse_bench_serving_line(ln, config=config, concurrency=concurrency, num_prompts=size) for ln in lines]
-    row = RunResult(config=config, concurrency=concurrency, num_prompts=size, repetitions=repetitions,
+    row = RunResult(config=config, concurrency=concurrency, num_prompts=size, repetitions=len(lines),
                     error="; ".join(dict.fromkeys(r["error"] for r in reps if r["error"])))
     for f in _MEDIAN_FIELDS:
         values = [r[f] for r in reps if r[f] is not None]
@@ -107,6 +114,28 @@ def read_repetitions(path: Path, repetitions: int, *, config: str, concurrency: 
     row["duration_s"] = sum(r["duration_s"] for r in reps)
     row["completed"] = sum(r["completed"] for r in reps)
     row["total_output_tokens"] = sum(r["total_output_tokens"] for r in reps)
+    return row
+
+
+def read_rounds(files: Sequence[Path], *, config: str, concurrency: int, calibration_prompts: int,
+                require_all: bool = True) -> RunResult:
+    """A point measured by ``--order interleaved``: ``files[r]`` holds round r's repetition (its last line). The row
+    of :func:`read_repetitions` over the rounds present, plus ``output_tok_s_rounds``: each round's output tokens/s
+    (None where missing), which :func:`paired_ratios` pairs by round. A missing round is an ``error`` unless
+    ``require_all`` is off (an interrupted run: rounds never reached); no round at all raises ValueError."""
+    lines: List[Optional[str]] = []
+    for path in files:
+        found = [ln for ln in Path(path).read_text().splitlines() if ln.strip()] if Path(path).is_file() else []
+        lines.append(found[-1] if found else None)
+    present = [ln for ln in lines if ln is not None]
+    if not present:
+        raise ValueError(f"no round of {len(files)} has a result ({', '.join(str(f) for f in files[:1])} ...)")
+    row = _summarize(present, config=config, concurrency=concurrency, calibration_prompts=calibration_prompts)
+    row["output_tok_s_rounds"] = [None if ln is None else float(json.loads(ln)["output_throughput"]) for ln in lines]
+    missing = [r + 1 for r, ln in enumerate(lines) if ln is None]
+    if missing and require_all:
+        row["error"] = "; ".join(filter(None, [row["error"], f"round {', '.join(map(str, missing))} of {len(files)} "
+                                                            f"has no result"]))
     return row
 
 
@@ -142,6 +171,72 @@ def ratio_spread(rows: Sequence[Mapping], *, subject: str = "detspec") -> Dict[s
     low = compute_ratios(rows, subject=subject, field="output_tok_s_min", over="output_tok_s_max")
     high = compute_ratios(rows, subject=subject, field="output_tok_s_max", over="output_tok_s_min")
     return {b: {c: (low[b][c], high[b][c]) if low[b][c] is not None else None for c in low[b]} for b in low}
+
+
+def paired_ratios(rows: Sequence[Mapping], *, subject: str = "detspec",
+                  builtins: Sequence[str] = ("no_spec", "eagle_rs", "eagle_det", "no_spec_fast")) -> Dict[str, Dict]:
+    """``{builtin: {concurrency: {"median", "min", "max", "rounds"}}}`` from ``--order interleaved`` rows: in each
+    round r the subject's output tokens/s over the built-in's of the same round (``rounds``: one per round, None
+    where either run is missing), then their median and min - max. A slow drift of the machine across rounds scales
+    both runs of a round alike and cancels in these ratios, not in the ratio of medians (whose medians can come from
+    different rounds). None where either point failed or no round has both runs."""
+    by = {(r["config"], r["concurrency"]): r for r in rows}
+    out: Dict[str, Dict] = {}
+    for b, per_c in compute_ratios(rows, subject=subject, builtins=builtins).items():
+        out[b] = {}
+        for c, of_medians in per_c.items():
+            s, d = (by[(subject, c)], by[(b, c)]) if of_medians is not None else ({}, {})
+            pairs = list(zip(s.get("output_tok_s_rounds") or [], d.get("output_tok_s_rounds") or []))
+            per_round = [x / y if x and y else None for x, y in pairs]
+            measured = [v for v in per_round if v is not None]
+            out[b][c] = None if not measured else {
+                "median": _median(measured), "min": min(measured), "max": max(measured), "rounds": per_round}
+    return out
+
+
+def paired_medians_and_spread(paired: Mapping[str, Mapping]):
+    """:func:`paired_ratios` as the (medians, spread) pair :func:`format_ratios` takes."""
+    medians = {b: {c: v and v["median"] for c, v in per_c.items()} for b, per_c in paired.items()}
+    spread = {b: {c: v and (v["min"], v["max"]) for c, v in per_c.items()} for b, per_c in paired.items()}
+    return medians, spread
+
+
+PAIRED_CSV_FIELDS = ["subject", "over", "concurrency", "ratio_of_medians", "paired_median", "paired_min",
+                     "paired_max", "rounds_paired", "per_round"]
+
+
+def _paired_rows(ratios: Mapping[str, Mapping], paired: Mapping[str, Mapping]):
+    """(subject, builtin, concurrency, ratio of medians, paired dict or None) for every pair of every subject."""
+    for subject, per_b in paired.items():
+        for b, per_c in per_b.items():
+            for c, v in per_c.items():
+                yield subject, b, c, ratios.get(subject, {}).get(b, {}).get(c), v
+
+
+def write_paired_csv(path: Path, ratios: Mapping[str, Mapping], paired: Mapping[str, Mapping]) -> None:
+    """``{subject: compute_ratios}`` and ``{subject: paired_ratios}`` side by side, one line per pair and
+    concurrency; ``per_round`` holds each round's ratio ("-" where the round lacks a run)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PAIRED_CSV_FIELDS)
+        for subject, b, c, of_medians, v in _paired_rows(ratios, paired):
+            w.writerow([subject, b, c, "" if of_medians is None else of_medians] + (
+                ["", "", "", 0, ""] if v is None else
+                [v["median"], v["min"], v["max"], sum(x is not None for x in v["rounds"]),
+                 " ".join(_fmt(x, ".4f") for x in v["rounds"])]))
+
+
+def format_paired_table(ratios: Mapping[str, Mapping], paired: Mapping[str, Mapping]) -> str:
+    """The paired ratios beside the ratios of medians, one line per pair and concurrency."""
+    head = f"{'ratio':<34} {'conc':>5} {'of medians':>10} {'paired':>7} {'min':>7} {'max':>7}  per round"
+    lines = ["paired ratios: per round, the subject's output tok/s over the other's of the same round; their median "
+             "and min - max", head, "-" * len(head)]
+    for subject, b, c, of_medians, v in _paired_rows(ratios, paired):
+        v = v or {}
+        lines.append(f"{subject + ' / ' + b:<34} {c:>5} {_fmt(of_medians, '10.3f')} {_fmt(v.get('median'), '7.3f')} "
+                     f"{_fmt(v.get('min'), '7.3f')} {_fmt(v.get('max'), '7.3f')}  "
+                     + " ".join(_fmt(x, ".3f") for x in v.get("rounds", [])))
+    return "\n".join(lines)
 
 
 def write_csv(path: Path, rows: Sequence[Mapping]) -> None:
@@ -209,7 +304,10 @@ def format_table(rows: Sequence[Mapping]) -> str:
 
 
 def format_ratios(ratios: Mapping[str, Mapping[int, Optional[float]]], subject: str = "detspec",
-                  spread: Optional[Mapping[str, Mapping[int, Optional[tuple]]]] = None) -> str:
+                  spread: Optional[Mapping[str, Mapping[int, Optional[tuple]]]] = None,
+                  kind: Optional[str] = None) -> str:
+    """One goal line per built-in; ``kind`` (e.g. "ratio of medians", "paired") names the kind of ratio after the
+    goal when a report shows more than one."""
     lines = []
     goals = SUBJECT_GOALS.get(subject, {})
     for b, per_c in ratios.items():
@@ -223,5 +321,5 @@ def format_ratios(ratios: Mapping[str, Mapping[int, Optional[float]]], subject: 
             cells.append(f"c={c}: {_fmt(v, '.3f')}{rng_text}{mark}")
         where = "" if applies is None else " at c = " + ", ".join(map(str, applies))
         goal_text = f" (goal >= {goal}{where})" if goal is not None else ""
-        lines.append(f"{subject} / {b}{goal_text}: " + ", ".join(cells))
+        lines.append(f"{subject} / {b}{goal_text}{', ' + kind if kind else ''}: " + ", ".join(cells))
     return "\n".join(lines)

@@ -4,7 +4,8 @@ SGLang's ``bench_serving`` at each concurrency, and write the table, ratios and 
 Order of work: the pair is generated on the GPU (:mod:`sglang_detspec.models.midsize_models`, cached under ``--models-dir``);
 the servers start side by side (``--start parallel``, the default: start-up is mostly compilation and graph capture)
 or one at a time; then each configuration is measured *alone*, in turn, at every concurrency, and its server is
-stopped before the next one is measured. Idle servers wait with ``--sleep-on-idle``. Each configuration's runs go
+stopped before the next one is measured (``--order interleaved`` instead measures them in rounds, every server up
+until the end: :mod:`.interleaved`). Idle servers wait with ``--sleep-on-idle``. Each configuration's runs go
 through one client process (:mod:`.client`: bench_serving's own ``cli_main`` once per concurrency), which resets the
 server's speculation counters before each run, so ``accept_length`` is the run's own (bench_serving's single
 32-token warm-up request included).
@@ -24,7 +25,7 @@ from typing import Dict, List, Optional
 
 from sglang_detspec import server_process
 from sglang_detspec.bench.serving_bench import configs as cfgs
-from sglang_detspec.bench.serving_bench import results
+from sglang_detspec.bench.serving_bench import interleaved, results
 
 __all__ = ["run_benchmark"]
 
@@ -96,21 +97,13 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
         argv = cfgs.bench_serving_command(sys.executable, server.port, pair.target, settings, c, files[c])[3:]
         runs.append({"argv": argv, "reset_url": server.base_url, "repetitions": settings.repetitions,
                      "min_seconds": settings.min_seconds, "concurrency": c, "output_file": str(files[c])})
-    (work / f"{name}-runs.json").write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     log = work / f"{name}.log"
     # Generous: 60 s per calibration run of client start and warm-up plus 50 ms per generated token of every wave,
     # then the repetitions' measured time three times over (a repetition is sized to last min_seconds / repetitions).
     timeout = sum(60 + -(-cfgs.num_prompts(settings, c) // c) * settings.output_len * 0.05
                   + 3 * settings.min_seconds + 30 * settings.repetitions for c in concurrencies)
     t0 = time.time()
-    try:
-        with open(log, "w") as f:
-            proc = subprocess.run([sys.executable, "-m", "sglang_detspec.bench.serving_bench.client",
-                                   str(work / f"{name}-runs.json")], stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=timeout, env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
-        why = f"bench_serving client exited {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        why = f"bench_serving client timed out after {timeout:.0f} s"
+    why = _client_process(runs, work / f"{name}-runs.json", log, timeout)
     resets = log.read_text(errors="replace").count("counters reset: True")
     expected_resets = len(concurrencies) * (1 + settings.repetitions)
     rows = []
@@ -130,6 +123,48 @@ def _run_clients(server, settings, pair, concurrencies, out: Path, name: str) ->
         rows.append(row)
     _log(f"{name}: {len(concurrencies)} runs in {time.time() - t0:.0f} s (log {log})")
     return rows
+
+
+def _client_process(runs: List[dict], runs_file: Path, log: Path, timeout: float) -> str:
+    """One client process (:mod:`.client`) over ``runs``, its output in ``log``; says how it ended."""
+    runs_file.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    try:
+        with open(log, "w") as f:
+            proc = subprocess.run([sys.executable, "-m", "sglang_detspec.bench.serving_bench.client", str(runs_file)],
+                                  stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+        return f"bench_serving client exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        return f"bench_serving client timed out after {timeout:.0f} s"
+
+
+def _run_interleaved(servers, settings, pair, out: Path):
+    """``--order interleaved`` over ``servers`` (``{name: Server}``, all up): calibrations then rounds, in one client
+    process (:mod:`.interleaved`). Returns ``({(name, c): row}, interrupted)``; a Ctrl-C stops the client and the
+    rounds measured so far are read."""
+    work = out / "bench_serving"
+    work.mkdir(parents=True, exist_ok=True)
+    names = [n for n in settings.configs if n in servers]
+    runs = interleaved.client_runs({n: (servers[n].port, servers[n].base_url) for n in names}, settings, pair.target,
+                                   work, sys.executable)
+    log, timeout, t0 = work / "interleaved.log", interleaved.client_timeout(names, settings), time.time()
+    _log(f"interleaved: {len(runs)} runs of {len(names)} configurations in one client process (log {log})")
+    try:
+        why, interrupted = _client_process(runs, work / "interleaved-runs.json", log, timeout), False
+    except KeyboardInterrupt:
+        why, interrupted = "not measured: the benchmark was interrupted", True
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    rows = interleaved.read_points(names, settings, work, why=f"{why}; {' | '.join(text.splitlines()[-3:])[-300:]}"
+                                   if not interrupted else why, interrupted=interrupted)
+    cumulative = text.count("counters reset: True") < interleaved.expected_resets(names, settings)
+    for (name, c), row in rows.items():
+        if cumulative and not interrupted and row.get("accept_length") is not None:
+            row["accept_length_cumulative"] = True  # a reset failed: some accept lengths are server averages
+        rounds = " ".join(f"{v:.1f}" if v else "-" for v in row.get("output_tok_s_rounds") or [])
+        _log(f"{name} c={c}: {row.get('output_tok_s') or 0:.1f} tok/s (median; rounds {rounds or '-'}), accept "
+             f"{row.get('accept_length') or '-'}{'  ERROR ' + row['error'] if row['error'] else ''}")
+    _log(f"interleaved: {len(names)} configurations x {settings.repetitions} rounds in {time.time() - t0:.0f} s")
+    return rows, interrupted
 
 
 def _breakdown(server, settings, pair, out: Path) -> dict:
@@ -178,6 +213,8 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
     t_start = time.time()
     _log(f"estimated duration ~{cfgs.estimate_seconds(settings):.0f} s (a guess from start-up times measured on an "
          f"H200; decode rates unmeasured until the first run)")
+    if settings.order != "sequential":
+        _log(cfgs.order_description(settings))
     from sglang_detspec.models import midsize_models
 
     # bench_serving imports aiohttp, orjson, tqdm, ... that a server does not need: check them while the pair is
@@ -228,6 +265,20 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
                 pool.servers.pop(name, None)
                 del failed[name], startup[name]
                 ready(name)
+        if settings.order == "interleaved":
+            # Rounds across every configuration whose server is up; all released together at the end, the
+            # breakdown server (if any) then measured alone below.
+            up = {n: pool.servers[n] for n in settings.configs if n not in failed}
+            measured, interrupted = _run_interleaved(up, settings, pair, out)
+            for name in settings.configs:
+                rows += [measured.get((name, c)) or results.RunResult(
+                    config=name, concurrency=c, num_prompts=cfgs.num_prompts(settings, c), error=failed[name])
+                    for c in settings.concurrencies]
+                pool.release(name)
+                progress.step(name)
+            order = [BREAKDOWN] if settings.breakdown and not interrupted else []
+            if interrupted:
+                _log("interrupted: reporting the rounds measured so far")
         for name in order:
             if name not in startup:
                 ready(name)
@@ -273,6 +324,10 @@ def _report(settings, out: Path, shape, rows, startup, breakdown, gen_s: float, 
         "ratios": ratios, "ratio_spreads": spreads, "goals": results.SUBJECT_GOALS, "startup_s": startup, "pair_generation_s": gen_s, "breakdown": breakdown,
         "wall_s": round(wall_s, 1),
     }
+    paired = {x: results.paired_ratios(rows, subject=x) for x in subjects} if settings.order == "interleaved" else {}
+    if paired:
+        document.update(order=settings.order, paired_ratios=paired)
+        results.write_paired_csv(out / "bench_serve_paired.csv", ratios, paired)
     results.write_json(out / "bench_serve.json", document)
     title = (f"sglang {version}, mid-size pair {shape.tag()}, input {settings.input_len} / output "
              f"{settings.output_len} tokens, T={settings.temperature:g}")
@@ -283,9 +338,18 @@ def _report(settings, out: Path, shape, rows, startup, breakdown, gen_s: float, 
         plot = f"not written ({e}; pip install matplotlib)"
     print(title)
     print(results.format_table(rows))
+    if paired:
+        print(results.format_paired_table(ratios, paired))
     for x in subjects:
-        print(results.format_ratios(ratios[x], subject=x, spread=spreads[x]))
+        if not paired:
+            print(results.format_ratios(ratios[x], subject=x, spread=spreads[x]))
+            continue
+        print(results.format_ratios(ratios[x], subject=x, spread=spreads[x], kind="ratio of medians"))
+        medians, spread = results.paired_medians_and_spread(paired[x])
+        print(results.format_ratios(medians, subject=x, spread=spread, kind=f"paired: median [min - max] of the "
+                                    f"{settings.repetitions} per-round ratios"))
     if breakdown is not None:
         print(format_breakdown(breakdown))
-    print(f"results: {out / 'bench_serve.csv'}, {out / 'bench_serve.json'}, plot {plot}; wall {wall_s:.0f} s")
+    paired_csv = f", {out / 'bench_serve_paired.csv'}" if paired else ""
+    print(f"results: {out / 'bench_serve.csv'}, {out / 'bench_serve.json'}{paired_csv}, plot {plot}; wall {wall_s:.0f} s")
     return 1 if any(r.get("error") for r in rows) else 0
