@@ -8,6 +8,10 @@
 # warm machine already has it, installs this checkout editable with `python3 -m pip` (SGLang finds plugins by entry
 # point, which needs the .dist-info; PYTHONPATH alone is not enough) and checks that the `detspec` entry point is
 # visible. Returns 3, saying what is missing, where anything fails; nothing here downloads anything.
+#
+# Optional: torch_memory_saver (which the bundle lacks) for the Engine's release / resume test. Download its wheel
+# here with `python3 -m pip download --no-deps torch_memory_saver -d .whl` (it ships cu12 and cu13 builds) and carry
+# [".gpu-bundle", ".whl"]; a wheel found in .whl/ is installed offline, and the test skips, saying why, without it.
 _detspec_stage() {
   if [ ! -d /tmp/site/sglang ]; then
     if [ ! -f .gpu-bundle/part1.tar.xz ] || [ ! -f .gpu-bundle/part2.tar.xz ]; then
@@ -21,6 +25,12 @@ _detspec_stage() {
   export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" SGLANG_ENABLE_JIT_DEEPGEMM=0
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/tmp/detspec-pip.log 2>&1 ||
     { tail -20 /tmp/detspec-pip.log >&2; echo "gpu_stage.sh: pip install -e . failed" >&2; return 3; }
+  local tms_wheel
+  tms_wheel=$(ls .whl/torch_memory_saver-*.whl 2>/dev/null | head -1)
+  if [ -n "$tms_wheel" ]; then
+    python3 -m pip install -q --no-deps --no-index "$tms_wheel" >/tmp/detspec-tms-pip.log 2>&1 ||
+      { tail -20 /tmp/detspec-tms-pip.log >&2; echo "gpu_stage.sh: installing $tms_wheel failed" >&2; return 3; }
+  fi
   python3 -c "from importlib.metadata import entry_points as e; import sys
 sys.exit(0 if 'detspec' in [x.name for x in e(group='sglang.srt.plugins')] else 3)" ||
     { echo "gpu_stage.sh: the sglang.srt.plugins entry point 'detspec' is not visible to python3" >&2; return 3; }
