@@ -13,8 +13,9 @@ speculative decoding, beside the Llama-shaped tiny pairs of :mod:`.tiny_config`.
   ``model.layers.{num_hidden_layers}`` (``num_nextn_predict_layers`` = 1), as DeepSeek-V3's does: SGLang serves
   the same directory as the draft (``DeepseekV3ForCausalLMNextN``).
 
-Shapes shared with the tiny pairs: the tiny tokenizer's 1024-token vocabulary, hidden size 256, 16,384 positions
-(what ``serve`` and the E2E servers pass as ``--context-length``). MLA's dims are MiniCPM3's (kv_lora_rank 256 +
+Shapes shared with the tiny pairs: the tiny tokenizer's 1024-token vocabulary, hidden size 256 (512 for deepseek_mtp:
+SGLang's CUDA NEXTN layer runs ``fused_eh_norm``, which takes hidden sizes in (256, 8192] that are multiples of 256
+only), 16,384 positions (what ``serve`` and the E2E servers pass as ``--context-length``). MLA's dims are MiniCPM3's (kv_lora_rank 256 +
 qk_rope_head_dim 32 = 288, a key width SGLang's triton MLA kernels have a dedicated block shape for).
 
 Every dict is written with ``json.dumps(sort_keys=True)`` (:func:`~.model_cache.write_json`); keys follow the real
@@ -43,12 +44,12 @@ from sglang_detspec.models.tiny_config import (
 __all__ = [
     "FAMILY_PAIRS", "FAMILY_VERSIONS", "FAMILY_ALGORITHMS", "DRAFT_VOCAB_SIZE", "check_family_pair",
     "family_configs", "qwen3_config", "qwen3_eagle3_draft_config", "qwen3_moe_config", "eagle_draft_config",
-    "deepseek_v3_config",
+    "deepseek_v3_config", "DEEPSEEK_HIDDEN",
 ]
 
 FAMILY_PAIRS = ("qwen3_eagle3", "qwen3_moe", "deepseek_mtp")
 #: Bump a pair's version whenever any byte it generates changes: its cache directory is named after it.
-FAMILY_VERSIONS: Dict[str, str] = {"qwen3_eagle3": "1", "qwen3_moe": "1", "deepseek_mtp": "1"}
+FAMILY_VERSIONS: Dict[str, str] = {"qwen3_eagle3": "1", "qwen3_moe": "1", "deepseek_mtp": "2"}
 #: The DETSPEC algorithms each pair's draft is served with (the first is ``serve``'s choice for the pair):
 #: an EAGLE3 draft runs under the EAGLE3 worker, an EAGLE draft and a NEXTN/MTP layer under the EAGLE one
 #: (SGLang aliases NEXTN to EAGLE; DETSPEC_EAGLE is that twin).
@@ -66,6 +67,9 @@ QWEN3_MOE_LAYERS = 4
 MOE_EXPERTS = 8
 MOE_TOP_K = 2
 MOE_INTERMEDIATE = 128
+#: deepseek_mtp's hidden size: SGLang's NEXTN layer fuses its enorm / hnorm / cat on CUDA with ``fused_eh_norm``,
+#: which refuses hidden sizes outside (256, 8192] or not a multiple of 256 (the draft's CUDA-graph capture fails).
+DEEPSEEK_HIDDEN = 512
 DEEPSEEK_LAYERS = 4  # layer 0 dense (first_k_dense_replace 1), 1-3 MoE; the MTP layer is layer 4
 DEEPSEEK_MLA = {"q_lora_rank": 128, "kv_lora_rank": 256, "qk_rope_head_dim": 32, "qk_nope_head_dim": 64,
                 "v_head_dim": 64}
@@ -165,6 +169,7 @@ def deepseek_v3_config() -> dict:
     cfg = _common("DeepseekV3ForCausalLM", "deepseek_v3", DEEPSEEK_LAYERS)
     cfg.update(DEEPSEEK_MLA)
     cfg.update({
+        "hidden_size": DEEPSEEK_HIDDEN,
         "intermediate_size": INTERMEDIATE,  # the dense layers' MLP
         "num_key_value_heads": HEADS,  # MLA: one latent KV, expanded per head
         "moe_intermediate_size": MOE_INTERMEDIATE,

@@ -23,7 +23,7 @@ PINNED_SHA256 = {
                      "eagle3_draft": "3f20f508f07fb6a9c40eec9f32c692f45547907b8355588edb44772bcf8a77da"},
     "qwen3_moe": {"target": "8f2f95d87024038354169915bc4e284a04b5e6af97e8a8e1bb24aa8b3aea340f",
                   "eagle_draft": "7f68cbe11bb013f10ce3c5926c29e76b52da59680fbb3dba2586c12223ac24a2"},
-    "deepseek_mtp": {"target": "98dcc6c2c2af428df73f4ddd57cb9db5cd420e9e8c430b52f060c3d6d853c3f5"},
+    "deepseek_mtp": {"target": "1b82b7cd63bbd72fa62a115cc32a7924a26ea2a2cd604cce58773e8157ef8531"},
 }
 
 
@@ -128,7 +128,7 @@ def test_every_directory_parses_with_sglangs_model_config(built, pair, which, is
     arch, attention = _EXPECTED_MODEL_CONFIG[(pair, which, is_draft)]
     assert mc.hf_config.architectures == [arch]
     assert mc.attention_arch == getattr(AttentionArch, attention)
-    assert mc.vocab_size == fc.VOCAB_SIZE and mc.hidden_size == fc.HIDDEN
+    assert mc.vocab_size == fc.VOCAB_SIZE and mc.hidden_size == fc.family_configs(pair)["target"]["hidden_size"]
     assert mc.context_len == fc.MAX_POS  # what serve and the E2E servers pass as --context-length
     raw = json.loads((directory / "config.json").read_text())
     if attention == "MLA":
@@ -199,6 +199,16 @@ def test_serve_refuses_an_algorithm_the_pairs_draft_does_not_fit(built):
     assert proc.returncode == 2
     assert "--tiny-pair qwen3_eagle3 is served with --algorithm DETSPEC_EAGLE3 or DETSPEC_EAGLE3_INVARIANT" in proc.stderr
     assert proc.stdout == ""
+
+
+def test_deepseek_hidden_size_fits_sglangs_fused_nextn_norm(built):
+    """SGLang's CUDA NEXTN layer runs ``fused_eh_norm``, which refuses some hidden sizes: with one it refuses, every
+    deepseek_mtp server died in draft CUDA-graph capture (H100, 2026-12-06)."""
+    eh_norm = pytest.importorskip("sglang.kernels.ops.layernorm.fused_eh_norm")
+    _, pairs = built
+    hidden = json.loads((pairs["deepseek_mtp"].target / "config.json").read_text())["hidden_size"]
+    assert eh_norm.is_supported_fused_eh_norm_hidden_size(hidden), hidden
+    assert not eh_norm.is_supported_fused_eh_norm_hidden_size(fc.HIDDEN)  # control: the tiny pairs' 256 is refused
 
 
 def test_sglang_recognises_the_deepseek_target_in_deterministic_mode(built):

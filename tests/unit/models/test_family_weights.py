@@ -184,12 +184,12 @@ def test_recipe_structure_as_documented(pairs):
     layers = fc.DEEPSEEK_LAYERS
     assert "model.layers.0.mlp.gate_proj.weight" in ds and "model.layers.0.mlp.gate.weight" not in ds  # dense first
     assert ds["model.layers.1.mlp.gate.e_score_correction_bias"].dtype == torch.float32  # as DeepSeek-V3 ships it
-    assert ds["model.layers.1.mlp.shared_experts.down_proj.weight"].shape == (fc.HIDDEN, fc.MOE_INTERMEDIATE)
+    assert ds["model.layers.1.mlp.shared_experts.down_proj.weight"].shape == (fc.DEEPSEEK_HIDDEN, fc.MOE_INTERMEDIATE)
     m = f"model.layers.{layers}."
     assert torch.equal(ds[f"{m}embed_tokens.weight"], ds["model.embed_tokens.weight"])
     assert torch.equal(ds[f"{m}shared_head.head.weight"], ds["lm_head.weight"])
     eh = ds[f"{m}eh_proj.weight"].float()
-    h = fc.HIDDEN
+    h = fc.DEEPSEEK_HIDDEN
     assert eh.shape == (h, 2 * h) and abs((eh[:, :h] - torch.eye(h)).std() * h**0.5 - 0.3) < 0.03
     others = [t for n, t in {**q3, **moe, **ds}.items() if n.endswith("_proj.weight") and "eh_proj" not in n]
     assert all(t.dtype == torch.bfloat16 for t in others)
