@@ -14,6 +14,7 @@ still differs from every number), a missing logprob (JSON null) as ``None``. Sta
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import dataclass, field
@@ -145,12 +146,15 @@ def _is_bits(b: Any) -> bool:
 
 
 def load(path: Path) -> Dict[str, Any]:
-    """Read and validate one results file; :class:`ResultsFileError` (never a traceback) when that fails."""
+    """Read and validate one results file (gzip-compressed when its name ends in ``.gz``, as the files kept in
+    docs/cross_card/ are); :class:`ResultsFileError` (never a traceback) when that fails."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     except OSError as e:
-        raise ResultsFileError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise ResultsFileError(f"{path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+    except (EOFError, UnicodeDecodeError) as e:
+        raise ResultsFileError(f"{path}: not a gzip-compressed UTF-8 results file ({e})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

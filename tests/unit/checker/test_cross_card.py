@@ -240,6 +240,25 @@ def test_unreadable_and_non_json_files_are_refused(tmp_path, capsys):
     assert code == 2 and "not a JSON object" in err
 
 
+def test_a_gzip_compressed_file_compares_like_its_json(tmp_path, capsys):
+    import gzip
+
+    plain = _write(tmp_path, "h200.json", _file(device="NVIDIA H200"))
+    packed = tmp_path / "h100.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(_file()).encode()))
+    code, out, err = _compare(capsys, packed, plain)
+    assert code == 0 and "SAME" in out, out + err
+    flipped = _file()
+    flipped["results"]["DETSPEC_EAGLE"]["sequential"][0][0]["output_ids"][0] += 1
+    packed.write_bytes(gzip.compress(json.dumps(flipped).encode()))
+    code, out, err = _compare(capsys, packed, plain)
+    assert code == 1, out + err  # control: the compressed file's contents are really compared
+    not_gzip = tmp_path / "plain.json.gz"
+    not_gzip.write_text(json.dumps(_file()))
+    code, _, err = _compare(capsys, not_gzip, plain)
+    assert code == 2 and "plain.json.gz" in err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Answers, the request set, the servers
 
