@@ -99,9 +99,9 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "token_map": Refusal(
         "--speculative-token-map {token_map}",
-        "a token map makes the draft's vocabulary a reduced (hot-token) one; DETSPEC serves that only opted in "
-        "(SGLANG_DETSPEC_REDUCED_VOCAB=1, its lossless check not yet run on a GPU) and never in the invariant mode, "
-        "whose GPU coupled race has no hot-token map",
+        "a token map makes the draft's vocabulary a reduced (hot-token) one; DETSPEC_EAGLE serves that only opted in "
+        "(SGLANG_DETSPEC_REDUCED_VOCAB=1: an EAGLE3 draft's hot-token map is GPU-verified, a token map not yet) and "
+        "never in the invariant mode, whose hot-token race has not run on a GPU",
         "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 (not with an _INVARIANT algorithm), or drop the token map (use the full "
         "vocabulary), or use --speculative-algorithm {twin} (not reproducible).",
     ),
@@ -157,16 +157,18 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "draft_vocab": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "the reduced-vocabulary (hot token) path is off by default: its lossless check has not yet run on a GPU",
-        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (DETSPEC_EAGLE / DETSPEC_EAGLE3), "
-        "or use a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not reproducible).",
+        "a reduced (hot-token) vocabulary outside an EAGLE3 draft (a --speculative-token-map under DETSPEC_EAGLE) is "
+        "off by default: it has not yet run on a GPU",
+        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in, or use an EAGLE3 draft with "
+        "DETSPEC_EAGLE3, or a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not "
+        "reproducible).",
     ),
     "draft_vocab_invariant": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "the invariant mode's coupled race on the GPU (kernels/coupled_race_probs.py) keys each column by its own "
-        "index and has no hot-token map yet, so a reduced draft cannot propose by target id "
+        "the invariant mode's race over a hot-token map (each draft column raced under its target id's noise) has "
+        "not run on a GPU yet, so its identity with the non-speculative server is unmeasured "
         "(SGLANG_DETSPEC_REDUCED_VOCAB does not lift this)",
-        "Use --speculative-algorithm DETSPEC_EAGLE3 with SGLANG_DETSPEC_REDUCED_VOCAB=1, or a draft with the target's "
+        "Use --speculative-algorithm DETSPEC_EAGLE3 (reproducible per seed, lossless), or a draft with the target's "
         "full vocabulary.",
     ),
     "draft_vocab_multi_layer": Refusal(

@@ -246,33 +246,27 @@ def test_memory_saver_is_accepted_with_a_cpu_backup_of_the_draft_weights(models,
         "speculative_algorithm": "DETSPEC_EAGLE", "enable_memory_saver": True, backup: True}
 
 
-@pytest.mark.parametrize("opt_in", [None, "0", "true"])
-def test_refuses_reduced_eagle3_draft_vocab_without_the_opt_in(models, monkeypatch, opt_in):
+@pytest.mark.parametrize("opt_in", [None, "0", "1"])
+def test_reduced_eagle3_draft_vocab_is_served_whatever_the_opt_in(models, monkeypatch, caplog, opt_in):
+    """An EAGLE3 draft's hot-token map is GPU-verified (one output per seed, lossless at N = 10,000): no opt-in."""
     if opt_in is None:
         monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     else:
-        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)  # only "1" opts in
-    with pytest.raises(DetspecConfigError) as info:
-        resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
-    msg = str(info.value)
-    assert f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg and "DETSPEC_EAGLE3" in msg
-    assert "SGLANG_DETSPEC_REDUCED_VOCAB=1" in msg  # the refusal names the opt-in
-
-
-def test_opt_in_accepts_reduced_eagle3_draft_vocab_with_a_warning(models, monkeypatch, caplog):
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
-    with caplog.at_level("WARNING"):
+        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+    with caplog.at_level("INFO"):
         sa = resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
     assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == "DETSPEC_EAGLE3"
-    assert "NOT YET GPU-verified" in caplog.text and "SGLANG_DETSPEC_REDUCED_VOCAB=1" in caplog.text
+    assert "NOT YET GPU-verified" not in caplog.text
 
 
-def test_opt_in_does_not_lift_the_invariant_mode_refusal(models, monkeypatch):
+def test_the_invariant_mode_refuses_a_reduced_eagle3_draft_even_opted_in(models, monkeypatch):
     monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
-    with pytest.raises(DetspecConfigError, match="coupled race") as info:
+    with pytest.raises(DetspecConfigError, match="hot-token map") as info:
         resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
                             speculative_draft_model_path=models["eagle3_small_vocab"]))
-    assert "DETSPEC_EAGLE3_INVARIANT" in str(info.value)
+    msg = str(info.value)
+    assert "DETSPEC_EAGLE3_INVARIANT" in msg and f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg
+    assert "Use --speculative-algorithm DETSPEC_EAGLE3" in msg  # the fix names the algorithm that serves it
 
 
 def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
@@ -293,28 +287,29 @@ def test_refuses_out_of_tree_platform(models, monkeypatch):
         resolve(**base_args(models, "DETSPEC_EAGLE"))
 
 
-def test_check_draft_vocab_for_worker_init(monkeypatch):
+def test_check_draft_vocab_for_worker_init(monkeypatch, caplog):
     monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", None, VOCAB)
-    with pytest.raises(DetspecConfigError, match="32000 tokens"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)  # EAGLE3's d2t map: served without the opt-in
     # A full-size hot map (a permutation) is a reduced draft too: its draft indices are not target ids.
-    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB, reduced=True)
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
-    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB, reduced=True)
     with pytest.raises(DetspecConfigError, match="multi-layer"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256, multi_layer=True)
-    with pytest.raises(DetspecConfigError, match="coupled race"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)
-    # DETSPEC_EAGLE's reduced drafts come from --speculative-token-map: served under the same opt-in
-    detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
-    with pytest.raises(DetspecConfigError, match="coupled race"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE_INVARIANT", 32000, 128256)
-    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB")
-    with pytest.raises(DetspecConfigError, match="draft vocabulary"):
+    for invariant in ("DETSPEC_EAGLE3_INVARIANT", "DETSPEC_EAGLE_INVARIANT"):
+        with pytest.raises(DetspecConfigError, match="hot-token map"):
+            detspec_args.check_draft_vocab(invariant, 32000, 128256)
+    # DETSPEC_EAGLE's reduced drafts come from --speculative-token-map: not GPU-run, so only opted in, with a warning
+    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
+    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE", VOCAB, VOCAB, reduced=True)
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    with caplog.at_level("WARNING"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
+    assert "NOT YET GPU-verified" in caplog.text and "--speculative-token-map" in caplog.text
+    with pytest.raises(DetspecConfigError, match="hot-token map"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE_INVARIANT", 32000, 128256)
 
 
 def test_token_map_is_served_only_opted_in_and_single_layer(models, monkeypatch, tmp_path):
