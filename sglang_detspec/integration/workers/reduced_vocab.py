@@ -10,7 +10,8 @@ worker runs the same body with ``get_spec`` answering ``speculative_use_rejectio
 
 * no hot map: nothing to do (the draft scores the target's vocabulary);
 * a hot map: the start-up gate :func:`~sglang_detspec.integration.setup.server_args.check_draft_vocab` (the invariant
-  mode refuses; DETSPEC_EAGLE3 only with ``SGLANG_DETSPEC_REDUCED_VOCAB=1``), then
+  mode refuses; DETSPEC_EAGLE3 serves an EAGLE3 ``d2t`` map, DETSPEC_EAGLE a token map only with
+  ``SGLANG_DETSPEC_REDUCED_VOCAB=1``), then
   :meth:`HotVocab.from_hot_token_id <sglang_detspec.stream.hot_vocab.HotVocab.from_hot_token_id>` on the map's device
   (it validates the ids once; a host synchronisation at start-up only). The draft worker keeps it as
   ``detspec_hot_vocab``; every draft site (eager and the draft-decode CUDA graphs, which capture the same persistent
