@@ -386,38 +386,13 @@ def test_client_runs_each_argv_through_bench_servings_own_cli_main(tmp_path, mon
 
 def _fake_run(monkeypatch, tmp_path, events, fake_clients, fail_to_start=(), fail_first_start=()):
     """Patch run_benchmark's servers, pair, client check and clients with fakes that record ``events``."""
-    import sys
+    from bench_fakes import patch_bench_servers, recording_server
 
-    from sglang_detspec import server_process
-    from sglang_detspec.bench.serving_bench import runner
     from sglang_detspec.models import midsize_models
 
-    class FakeServer:
-        def __init__(self, spec, port, log_path, pid_file=None):
-            self.spec, self.name, self.port, self.log_path = spec, spec.name, port, log_path
-            self.base_url, self.startup_s = f"http://127.0.0.1:{port}", 1.0
-
-        def start(self):
-            events.append(("start", self.name))
-
-        def wait_ready(self, timeout):
-            events.append(("ready", self.name))
-            first = events.count(("ready", self.name)) == 1
-            if self.name in fail_to_start or (first and self.name in fail_first_start):
-                raise server_process.ServerStartError(f"server {self.name} exited with code 1 during start-up; log x")
-
-        def stop(self):
-            events.append(("stop", self.name))
-
-    monkeypatch.setattr(server_process, "launch_skip_reason", lambda: None)
-    monkeypatch.setattr(server_process, "Server", FakeServer)
-    monkeypatch.setattr(server_process, "sglang_version", lambda: "fake")
-    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
-                        lambda root, shape: midsize_models.MidsizePair(tmp_path / "t", tmp_path / "d"))
+    runner = patch_bench_servers(monkeypatch, tmp_path, recording_server(events, fail_to_start, fail_first_start))
     monkeypatch.setattr(runner, "_run_clients", fake_clients)
     monkeypatch.setattr(runner.time, "sleep", lambda s: None)
-    real_popen = runner.subprocess.Popen
-    monkeypatch.setattr(runner.subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "pass"], **kw))
     return runner, midsize_models
 
 

@@ -166,26 +166,12 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
     """Patch run_benchmark's servers and pair, and run the real client in-process over a fake bench_serving: the
     machine slows by 10 % per round (each run's file says its round), detspec's rate is 0.9x eagle_rs's and 1.5x
     no_spec's. Returns (runner, events, written): ``written`` maps (config, c, round or 0) to the rate written."""
-    from sglang_detspec import server_process
+    from bench_fakes import patch_bench_servers, recording_server
+
     from sglang_detspec.bench.serving_bench import client, runner
-    from sglang_detspec.models import midsize_models
 
     events, written = [], {}
     rate = {"no_spec": 600.0, "eagle_rs": 1000.0, "detspec": 900.0, "detspec_breakdown": 100.0}
-
-    class FakeServer:
-        def __init__(self, spec, port, log_path, pid_file=None):
-            self.spec, self.name, self.port, self.log_path = spec, spec.name, port, log_path
-            self.base_url, self.startup_s = f"http://127.0.0.1:{port}", 1.0
-
-        def start(self):
-            events.append(("start", self.name))
-
-        def wait_ready(self, timeout):
-            events.append(("ready", self.name))
-
-        def stop(self):
-            events.append(("stop", self.name))
 
     def cli_main():
         argv = sys.argv
@@ -212,14 +198,8 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
     monkeypatch.setitem(sys.modules, "sglang.bench_serving", types.SimpleNamespace(cli_main=cli_main))
     monkeypatch.setattr(client, "_reset", lambda url: events.append(("reset", url)) or True)
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    monkeypatch.setattr(server_process, "launch_skip_reason", lambda: None)
-    monkeypatch.setattr(server_process, "Server", FakeServer)
-    monkeypatch.setattr(server_process, "sglang_version", lambda: "fake")
-    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
-                        lambda root, shape: midsize_models.MidsizePair(tmp_path / "t", tmp_path / "d"))
+    patch_bench_servers(monkeypatch, tmp_path, recording_server(events))
     monkeypatch.setattr(runner, "_client_process", client_in_process)
-    real_popen = runner.subprocess.Popen
-    monkeypatch.setattr(runner.subprocess, "Popen", lambda cmd, **kw: real_popen([sys.executable, "-c", "pass"], **kw))
     return runner, events, written
 
 
