@@ -3,14 +3,16 @@
     python scripts/cross_card.py record --out h100.json [--algorithms DETSPEC_EAGLE,DETSPEC_EAGLE_INVARIANT]
                                         [--graphs on|off] [--compare-with h200.json]
     python scripts/cross_card.py compare h100.json h200.json
+    python scripts/cross_card.py logprob-gap gap.json      # a file recorded with NONE among --algorithms
 
 ``record`` starts, one at a time, an ``sglang.launch_server`` per algorithm on the embedded weighted tiny pair
 (``--enable-deterministic-inference``, the E2E servers' arguments from ``models.tiny_servers``, decode CUDA graphs up
 to batch 32 unless ``--graphs off``), sends the fixed request set (:func:`request_set`: prompts x sampling variants x
 seeds x n in {1, 4}, ``return_logprob``, 48 new tokens, ``ignore_eos``) first one request at a time, then all at
 once, and writes the results file (:mod:`.cross_card_results`) with the device name and the software versions.
-``NONE`` (the target alone, no speculation) may be added to ``--algorithms``: when the speculative algorithms differ
-across cards, it tells whether the target's forward already does.
+``NONE`` (the target alone, no speculation, the plugin's token-id sampler: the invariant mode's reference) may be
+added to ``--algorithms``: when the speculative algorithms differ across cards, it tells whether the target's forward
+already does, and ``logprob-gap FILE`` (:mod:`.logprob_gap`) measures each algorithm's logprobs against it.
 
 Exit codes: 0 same (``compare``) / recorded with one output per request in both sending modes (``record``); 1
 answers differ (between the files, or between the sending modes on this card: the file is still written); 2 bad
@@ -35,6 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from sglang_detspec import server_process
 from sglang_detspec.checker import cross_card_results as results_file
+from sglang_detspec.checker import logprob_gap
 from sglang_detspec.checker.cross_card_results import EXIT_DIFFER, EXIT_REFUSED, EXIT_SAME, MODES, ResultsFileError
 from sglang_detspec.models import tiny_servers
 
@@ -98,6 +101,15 @@ def parse_algorithms(text: str) -> List[str]:
     if len(set(names)) != len(names):
         raise ValueError("--algorithms names an algorithm twice")
     return names
+
+
+#: The plugin's token-id sampler opt-in (integration/setup/token_id_sampler_opt_in.py), set for ``NONE``'s server.
+TOKEN_ID_SAMPLER_ENV = "SGLANG_DETSPEC_TOKEN_ID_SAMPLER"
+
+
+def server_env(algorithm: str) -> Dict[str, str]:
+    """Environment changes of one algorithm's server: ``NONE`` samples with the token-id sampler."""
+    return {TOKEN_ID_SAMPLER_ENV: "1"} if algorithm == "NONE" else {}
 
 
 def server_args(target: Path, draft: Path, algorithm: str, graphs: str) -> List[str]:
@@ -212,7 +224,8 @@ def record(args) -> int:
     port = 33000  # apart from the E2E tests' 31000+ and lossless_check's 32000+
     for alg in args.algorithms:
         port = server_process.free_port(port)
-        spec = server_process.ServerSpec(alg.lower(), server_args(models.target, models.eagle_draft, alg, args.graphs))
+        spec = server_process.ServerSpec(alg.lower(), server_args(models.target, models.eagle_draft, alg, args.graphs),
+                                         env=server_env(alg))
         server = server_process.Server(spec, port, log_dir / f"server-{alg.lower()}.log")
         port += 200
         try:
@@ -252,6 +265,17 @@ def compare(path_a: Path, path_b: Path) -> int:
     return code
 
 
+def logprob_gap_report(path: Path) -> int:
+    try:
+        data = results_file.load(path)
+        gaps = logprob_gap.logprob_gaps(data)
+    except ResultsFileError as e:
+        print(f"cross_card logprob-gap: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(logprob_gap.format_gaps(gaps, data["environment"].get("device", "an unnamed device")))
+    return EXIT_SAME
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="cross_card.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -272,6 +296,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     cmp = sub.add_parser("compare", help="compare two results files bit for bit")
     cmp.add_argument("a", type=Path, help="results file A")
     cmp.add_argument("b", type=Path, help="results file B")
+    gap = sub.add_parser("logprob-gap", help="each algorithm's token logprobs against NONE's in one results file",
+                         description="Needs a file recorded with NONE among --algorithms; no GPU.")
+    gap.add_argument("file", type=Path, help="results file")
     args = ap.parse_args(argv)
     if args.command == "record":
         try:
@@ -305,6 +332,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.command == "compare":
         return compare(args.a, args.b)
+    if args.command == "logprob-gap":
+        return logprob_gap_report(args.file)
 
     def terminate(signum, _frame):
         raise SystemExit(128 + signum)  # unwinds through record()'s finally, which stops the server
@@ -313,4 +342,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return record(args)
 
 
-__all__ = ["main", "parse_args", "record", "compare", "request_set", "server_args", "parse_answer", "MODES"]
+__all__ = ["main", "parse_args", "record", "compare", "logprob_gap_report", "request_set", "server_args", "server_env",
+           "parse_answer", "MODES"]
