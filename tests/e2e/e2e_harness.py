@@ -201,7 +201,8 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
     detspec = base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True)
     control_env = with_control(UPSTREAM_SAMPLER_CONTROL, {})
     specs = [
-        ServerSpec("detspec_eagle_graph", detspec),
+        # --chat-template: the tiny tokenizer has none, and test_e2e_rollouts.py sends /v1/chat/completions here.
+        ServerSpec("detspec_eagle_graph", detspec + ["--chat-template", "chatml"]),
         ServerSpec("detspec_eagle_nograph", detspec + GRAPHS_OFF),
         ServerSpec("detspec_eagle_nooverlap", detspec + ["--disable-overlap-schedule"]),
         ServerSpec("detspec_eagle3_graph", base + eagle3 + ["--speculative-algorithm", "DETSPEC_EAGLE3"] + det),

@@ -4,8 +4,10 @@ On the weighted tiny pair (``detspec_eagle_graph``), one ``/generate`` batch of 
 1.0, a seed per prompt, ``return_logprob``) must give 64 samples with the 8 of each prompt distinct; re-running it
 beside different concurrent traffic must give the same tokens and bit-identical logprobs; and every choice ``j`` of
 prompt ``i`` must equal one ``n = 1`` request sent with ``choice_seed(seed_i, j)`` (tokens and logprobs). The OpenAI
-``/v1/completions`` endpoint (``n``, ``seed``) must give the same choices. ``sglang-detspec check --logprobs`` must
-pass on the same server.
+``/v1/completions`` endpoint (``n``, ``seed``) must give the same choices. ``/v1/chat/completions`` with ``seed``,
+``n = 4`` and ``logprobs``: distinct choices, the same contents and logprob bits with ``stream: true`` as without, and
+choice ``j`` equal to one ``n = 1`` chat request with ``choice_seed(seed, j)``. ``sglang-detspec check --logprobs``
+must pass on the same server.
 
 Control that must fail the distinctness test: with the per-request opt-out
 (``custom_params = {"detspec_same_seed_for_n": true}``) the 8 samples of a prompt are identical (upstream behaviour)
@@ -16,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -116,9 +119,47 @@ def rollouts(e2e_pool):
         "model": model, "prompt": PROMPTS[0], "n": N, "seed": SEEDS[0], "temperature": 1.0,
         "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True,
     })
+    t0 = time.monotonic()
+    chat = {"plain": _chat(url, model, SEEDS[0], CHAT_N), "stream": _chat_stream(url, model, SEEDS[0], CHAT_N),
+            "singles": [_chat(url, model, choice_seed(SEEDS[0], j), 1)[0] for j in range(CHAT_N)]}
+    timings["chat_s"] = time.monotonic() - t0
     h.record("rollouts_timings_s", {k: round(v, 2) for k, v in timings.items()})
     return {"url": url, "first": first, "second": second, "singles": singles, "opt_out": opt_out,
-            "openai": openai, "noise": noise_out}
+            "openai": openai, "noise": noise_out, "chat": chat}
+
+
+CHAT_N = 4
+
+
+def _chat_body(model: str, seed: int, n: int, stream: bool) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": PROMPTS[0]}], "n": n, "seed": seed,
+            "temperature": 1.0, "max_tokens": MAX_NEW_TOKENS, "ignore_eos": True, "logprobs": True,
+            "stream": stream}
+
+
+def _chat(url: str, model: str, seed: int, n: int) -> list:
+    """``[(content, logprob bits)]`` per choice, in index order."""
+    out = h.post_json(url, "/v1/chat/completions", _chat_body(model, seed, n, False), timeout=600)
+    choices = sorted(out["choices"], key=lambda c: c["index"])
+    return [(c["message"]["content"], tuple(float(t["logprob"]).hex() for t in c["logprobs"]["content"]))
+            for c in choices]
+
+
+def _chat_stream(url: str, model: str, seed: int, n: int) -> list:
+    """The same, assembled from the server-sent events of ``stream: true``."""
+    req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
+                                 data=json.dumps(_chat_body(model, seed, n, True)).encode(),
+                                 headers={"Content-Type": "application/json"})
+    text, bits = [[] for _ in range(n)], [[] for _ in range(n)]
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[len("data:"):])["choices"]:
+                text[c["index"]].append((c.get("delta") or {}).get("content") or "")
+                bits[c["index"]].extend(float(t["logprob"]).hex() for t in ((c.get("logprobs") or {}).get("content") or []))
+    return [("".join(t), tuple(b)) for t, b in zip(text, bits)]
 
 
 def test_the_8_samples_of_each_prompt_are_distinct(rollouts):
@@ -177,6 +218,16 @@ def test_openai_completions_n_and_seed_give_the_same_choices(rollouts):
     texts = [c["text"] for c in choices]
     assert len(set(texts)) == N
     assert texts == [r["text"] for r in _by_prompt(rollouts["first"])[0]]
+
+
+def test_openai_chat_seed_n_and_stream_give_reproducible_distinct_choices(rollouts):
+    chat = rollouts["chat"]
+    h.record("rollouts_chat", {"contents": [c for c, _ in chat["plain"]],
+                               "tokens_per_choice": [len(b) for _, b in chat["plain"]]})
+    assert len({c for c, _ in chat["plain"]}) == CHAT_N, chat["plain"]  # n > 1: distinct choices
+    assert all(len(b) == MAX_NEW_TOKENS for _, b in chat["plain"])  # one logprob per token
+    assert chat["stream"] == chat["plain"]  # streaming changes neither the contents nor a logprob bit
+    assert chat["singles"] == chat["plain"]  # choice j = one request with choice_seed(seed, j)
 
 
 def test_check_with_logprobs_passes(rollouts):
