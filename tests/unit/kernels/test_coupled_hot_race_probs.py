@@ -185,3 +185,50 @@ def test_invalid_inputs_are_refused_with_the_fix(change, match):
     bad = change(args)
     with pytest.raises(ValueError, match=match):
         coupled_hot_race_probs(bad.pop("probs"), bad.pop("seeds"), bad.pop("positions"), bad.pop("hot"), **bad)
+
+
+gpu = pytest.mark.gpu  # tests/conftest.py skips these without a GPU, with its GPU_SKIP_REASON
+
+
+def _cuda_case(R, Vd, Vt, seed):
+    g = torch.Generator().manual_seed(seed)
+    hot = torch.randperm(Vt, generator=g)[:Vd]
+    temperature = torch.linspace(0.5, 8.0, R).view(-1, 1)  # flat to peaked rows
+    probs = torch.softmax(torch.randn(R, Vd, generator=g) * temperature, -1)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (R,), generator=g)
+    positions = torch.randint(0, 2**40, (R,), generator=g)
+    return probs.cuda(), hot.cuda(), seeds.cuda(), positions.cuda()
+
+
+@gpu
+@pytest.mark.parametrize("R", [1, 8, 256])
+def test_gpu_parity_at_an_eagle3_draft_size(R):
+    """The compiled kernel (default launch, fast screen) at a Qwen3 EAGLE3 draft's size vs the twin of torch.log."""
+    probs, hot, seeds, positions = _cuda_case(R, 32000, 151936, seed=R)
+    for cap in (True, False):
+        got = coupled_hot_race_probs(probs, seeds, positions, hot, cap_unit_uniform=cap)
+        want = coupled_hot_race_reference(torch.log(probs), seeds, positions, hot, cap_unit_uniform=cap)
+        assert torch.equal(got, want), int((got != want).sum())
+
+
+@gpu
+def test_gpu_graph_replay_reads_seeds_positions_probs_and_map_in_place():
+    R, Vd, Vt = 16, 4096, 32000
+    probs, hot, seeds, positions = _cuda_case(R, Vd, Vt, seed=1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        coupled_hot_race_probs(probs, seeds, positions, hot)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = coupled_hot_race_probs(probs, seeds, positions, hot)
+    for trial in range(3):
+        new_probs, new_hot, new_seeds, new_positions = _cuda_case(R, Vd, Vt, seed=100 + trial)
+        probs.copy_(new_probs)
+        hot.copy_(new_hot)
+        seeds.copy_(new_seeds)
+        positions.copy_(new_positions)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, coupled_hot_race_reference(torch.log(probs), seeds, positions, hot))
