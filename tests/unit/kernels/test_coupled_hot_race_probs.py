@@ -175,6 +175,7 @@ def test_row_view_int32_positions_and_empty_batch():
         (lambda a: dict(a, hot=a["hot"].to(torch.int32)), r"hot_to_target must be int64 \[64\]"),
         (lambda a: dict(a, hot=a["hot"][:63]), r"hot_to_target must be int64 \[64\]"),
         (lambda a: dict(a, hot=torch.stack([a["hot"], a["hot"]], 1)[:, 0]), "hot_to_target must be contiguous"),
+        (lambda a: dict(a, hot=a["hot"].to("meta")), "hot_to_target is on meta.*HotVocab.to"),
         (lambda a: dict(a, uniform="half"), "uniform must be"),
         (lambda a: dict(a, block_size=100), "power of two"),
     ],
