@@ -8,8 +8,9 @@ No GPU needed: Triton compiles for a CUDA target without a driver, and its wheel
 (the CPU tests) runs the kernels' Python, not the compiler: a kernel can pass every interpreter test and still fail
 to compile (a ``tl`` call the compiler types differently, a jit helper it cannot resolve across modules).  This
 compiles each launch the package can make of the seeded draft sampler (stage 1 at every ``LAUNCH_TABLE`` block,
-fast and precise screen, with and without the greedy mask; stage 2), the reduced-vocabulary sampler and the GEMM
-(every launch of its table, rows past M masked and not, with and without bias).  Exit 1 when any launch fails to
+fast and precise screen, with and without the greedy mask; stage 2), the reduced-vocabulary sampler, the
+reduced-vocabulary coupled race (both clamps, both screens) and the GEMM (every launch of its table, rows past M
+masked and not, with and without bias).  Exit 1 when any launch fails to
 compile, naming it.  Run it with TRITON_INTERPRET unset.
 """
 
@@ -58,6 +59,25 @@ def _draft_sampler_launches():
     yield "seeded_hot_draft_sample stage2", hot._hot_stage2, dict(hot2), dict(NC_POW2=16), 4
 
 
+def _coupled_hot_race_launches():
+    # the reduced-vocabulary coupled race: stage 1 at every LAUNCH_TABLE launch of the full race it shares, both
+    # screens and both releases' clamps (the reciprocal uniform: CUDA); stage 2 for both clamps
+    hot = importlib.import_module("sglang_detspec.kernels.coupled_hot_race_probs")
+    race = importlib.import_module("sglang_detspec.kernels.coupled_race_probs")
+    stage1 = {"probs_ptr": "*fp32", "row_stride": "i32", "map_ptr": "*i64", "seed_ptr": "*i64", "pos_ptr": "*i64",
+              "part_score_ptr": "*fp64", "part_idx_ptr": "*i32", "VD": "i32", "NC": "i32"}
+    stage2 = dict(stage1, out_ptr="*i64")
+    for _, (block, warps) in race.LAUNCH_TABLE:
+        for cap in (True, False):
+            for fast in (True, False):
+                tag = f"b{block}w{warps}{'' if cap else '-uncapped'}-{'fast' if fast else 'precise'}"
+                yield (f"coupled_hot_race_probs stage1 {tag}", hot._hot_stage1, dict(stage1),
+                       dict(CAP=cap, RECIP=True, BLOCK=block, FAST=fast), warps)
+    for cap in (True, False):
+        yield (f"coupled_hot_race_probs stage2{'' if cap else ' uncapped'}", hot._hot_stage2, dict(stage2),
+               dict(CAP=cap, RECIP=True, NC_POW2=16, BLOCK=race.LAUNCH_TABLE[-1][1][0]), 4)
+
+
 def _gemm_launches():
     gemm = importlib.import_module("sglang_detspec.kernels.batch_invariant_gemm")
 
@@ -84,7 +104,7 @@ def main(argv=None) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    launches = list(_draft_sampler_launches()) + list(_gemm_launches())
+    launches = list(_draft_sampler_launches()) + list(_coupled_hot_race_launches()) + list(_gemm_launches())
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, fn, signature, constexprs, warps) in enumerate(launches, 1):

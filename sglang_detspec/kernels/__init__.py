@@ -9,6 +9,8 @@
   token id.
 * ``coupled_race_probs`` / ``coupled_verify`` (:mod:`.coupled_race_probs`): the same race on probabilities (the
   log taken in the kernel), and the speculation-invariant verify built on it.
+* ``coupled_hot_race_probs`` (:mod:`.coupled_hot_race_probs`): that race for a reduced-vocabulary ("hot token")
+  draft, each column keyed and tie-broken by its TARGET id (the invariant mode's proposal of such a draft).
 
 * ``batch_invariant_matmul`` (:mod:`.batch_invariant_gemm`): the GEMM SGLang's deterministic mode runs on DETSPEC
   servers; its tile follows M, its reduction over K does not. :mod:`.row_invariance` holds its self-check
@@ -24,6 +26,7 @@ Set ``TRITON_INTERPRET=1`` before importing this package to run it on CPU tensor
 """
 
 from .batch_invariant_gemm import matmul as batch_invariant_matmul
+from .coupled_hot_race_probs import coupled_hot_race_probs
 from .coupled_race import coupled_race
 from .coupled_race_probs import coupled_race_probs, coupled_verify
 from .rms_norm import fused_add_rms_norm
@@ -32,5 +35,6 @@ from .seeded_draft_sample import INTERPRETED, LAUNCH_TABLE, LaunchConfig, launch
 
 __all__ = [
     "seeded_draft_sample", "LaunchConfig", "LAUNCH_TABLE", "launch_options", "INTERPRETED", "truncate_probs_triton",
-    "coupled_race", "coupled_race_probs", "coupled_verify", "batch_invariant_matmul", "fused_add_rms_norm",
+    "coupled_race", "coupled_race_probs", "coupled_verify", "coupled_hot_race_probs", "batch_invariant_matmul",
+    "fused_add_rms_norm",
 ]

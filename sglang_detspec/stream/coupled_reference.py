@@ -55,6 +55,7 @@ __all__ = [
     "LOG_U_CAP",
     "EMIT_PAD",
     "check_coupled_race_inputs",
+    "check_hot_to_target",
     "check_verify_inputs",
     "accept_and_emit",
     "position_with_hash",
@@ -134,6 +135,20 @@ def check_coupled_race_inputs(logprobs, seeds, positions, uniform=None, *, float
     resolve_uniform(uniform, logprobs.device)
 
 
+def check_hot_to_target(hot_to_target, draft_columns: int, device: torch.device) -> None:
+    """``hot_to_target`` int64 ``[draft_columns]`` on ``device``: one target id per draft column
+    (``HotVocab.hot_to_target``).  Its values (unique ids in the target vocabulary, below ``2**31``) are not read
+    here, which would synchronise: ``HotVocab`` checks them once, when it is built."""
+    if not isinstance(hot_to_target, torch.Tensor) or hot_to_target.dtype != torch.int64 \
+            or tuple(hot_to_target.shape) != (draft_columns,):
+        raise ValueError(f"hot_to_target must be int64 [{draft_columns}] (one target id per draft column: "
+                         f"HotVocab.hot_to_target), got {getattr(hot_to_target, 'dtype', None)} "
+                         f"{tuple(getattr(hot_to_target, 'shape', ()))}")
+    if hot_to_target.device != torch.device(device):
+        raise ValueError(f"hot_to_target is on {hot_to_target.device} but the draft distribution is on {device}; "
+                         f"move the map once with HotVocab.to(device)")
+
+
 def coupled_gumbel_reference(
     seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, *, cap_unit_uniform: bool = True,
     uniform: Optional[str] = None, token_ids: Optional[torch.Tensor] = None,
@@ -182,10 +197,7 @@ def coupled_hot_race_reference(
     wherever that race's winner is finite; only 0.5.17's uncapped ``+inf`` noise can make an off-set token win there
     (``+inf + -inf = NaN``), which a reduced draft, having no such token, cannot propose."""
     check_coupled_race_inputs(logprobs, seeds, positions, uniform)
-    if not isinstance(hot_to_target, torch.Tensor) or hot_to_target.dtype != torch.int64 \
-            or tuple(hot_to_target.shape) != (logprobs.shape[1],):
-        raise ValueError(f"hot_to_target must be int64 [{logprobs.shape[1]}] (one target id per draft column), got "
-                         f"{getattr(hot_to_target, 'dtype', None)} {tuple(getattr(hot_to_target, 'shape', ()))}")
+    check_hot_to_target(hot_to_target, logprobs.shape[1], logprobs.device)
     gumbel = coupled_gumbel_reference(seeds, positions, 0, cap_unit_uniform=cap_unit_uniform, uniform=uniform,
                                       token_ids=hot_to_target)
     by_target = torch.argsort(hot_to_target)

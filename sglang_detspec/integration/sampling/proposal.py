@@ -142,8 +142,9 @@ def coupled_draft_proposal(
     accepted, never which tokens are emitted.
 
     With ``hot_vocab`` (a reduced draft, ``probs`` ``[B, Vd]``) each hot token races with its TARGET id's noise and
-    the returned index is its draft index (SGLang maps it through ``hot_token_id``); CPU tensors only for now: the
-    Triton race keys by column index.
+    the returned index is its draft index (SGLang maps it through ``hot_token_id``): on CUDA the Triton race of
+    :mod:`sglang_detspec.kernels.coupled_hot_race_probs`, on CPU its twin ``coupled_hot_race_reference``; greedy rows
+    take the lowest-target-id argmax.
     """
     q32 = probs.float()  # exact for half-precision q (a no-op for float32); the race reads float32 log q
     cap = compat.seeded_race_caps_unit_uniform()
@@ -166,19 +167,28 @@ def coupled_draft_proposal(
 
 def _coupled_hot_proposal(probs, q32, seeds, pos, greedy, hot_vocab, cap):
     """The coupled proposal of a reduced draft: ``(q(Y), draft index of Y)``, Y the target id that wins the race."""
-    if probs.is_cuda:
-        raise NotImplementedError(
-            "sglang-detspec: the speculation-invariant mode has no Triton race for a reduced-vocabulary draft yet "
-            "(kernels/coupled_race_probs.py keys each column by its own index); serve this draft with DETSPEC_EAGLE3 "
-            "or a draft whose vocabulary is the target's"
-        )
-    from sglang_detspec.stream.coupled_reference import coupled_hot_race_reference
-
     hot = hot_vocab.hot_to_target
-    tokens = coupled_hot_race_reference(torch.log(q32), seeds, pos, hot, cap_unit_uniform=cap)
+    if probs.is_cuda:
+        from sglang_detspec.kernels.coupled_hot_race_probs import coupled_hot_race_probs
+
+        tokens = coupled_hot_race_probs(q32, seeds, pos, hot, cap_unit_uniform=cap)  # log q taken in the kernel
+    else:
+        from sglang_detspec.stream.coupled_reference import coupled_hot_race_reference
+
+        tokens = coupled_hot_race_reference(torch.log(q32), seeds, pos, hot, cap_unit_uniform=cap)
     index = hot_vocab.target_to_draft.to(torch.int64)[tokens]
     if greedy is not None:
-        by_target = torch.argsort(hot)
-        index = torch.where(greedy, by_target[probs[:, by_target].argmax(dim=1)], index)
+        index = torch.where(greedy, _lowest_target_argmax(probs, hot_vocab), index)
     index = index.view(-1, 1)
     return probs.gather(1, index), index
+
+
+def _lowest_target_argmax(probs, hot_vocab):
+    """Draft index of each row's argmax ordered by TARGET id (the lowest target id among NaNs, else among the maxima):
+    ``probs[:, argsort(hot_to_target)].argmax(dim=1)`` mapped back, without a sort (elementwise ops and reductions
+    only, so it runs under CUDA-graph capture as the rest of the proposal does)."""
+    hot = hot_vocab.hot_to_target.view(1, -1)
+    nan = probs.isnan()
+    top = torch.where(nan.any(dim=1, keepdim=True), nan, probs == probs.max(dim=1, keepdim=True).values)
+    tokens = torch.where(top, hot, hot_vocab.target_vocab_size).min(dim=1).values
+    return hot_vocab.target_to_draft.to(torch.int64)[tokens]

@@ -38,6 +38,8 @@ def test_every_launch_compiles_for_hopper(tmp_path):
     names = [r["kernel"] for r in result["rows"]]
     assert any(n.startswith("seeded_draft_sample stage1") for n in names)
     assert any(n.startswith("seeded_hot_draft_sample stage2") for n in names)
+    assert sum(n.startswith("coupled_hot_race_probs stage1") for n in names) >= 4  # both clamps x both screens
+    assert any(n.startswith("coupled_hot_race_probs stage2") for n in names)
     assert sum(n.startswith("batch_invariant_gemm") for n in names) >= 4 * 6  # masked/unmasked x bias, every tile
     assert all(r["registers"] for r in result["rows"])
 

@@ -6,6 +6,7 @@ proposal, keyed by target id: ``coupled_chain_verify`` reads the candidates (tar
 probabilities, never ``draft_probs``, so a reduced draft emits exactly the full draft's tokens and acceptance.
 """
 
+import importlib
 import types
 
 import pytest
@@ -106,12 +107,37 @@ def test_coupled_verify_needs_nothing_but_the_target_id_proposal():
         assert emitted[b, :n].tolist() == race[b, :n].tolist()
 
 
-def test_the_coupled_reduced_race_refuses_cuda_tensors_for_now(monkeypatch):
-    hv, q, seeds, pos, _ = _case(4)
+class _MarkedCuda(torch.Tensor):
+    """A CPU tensor that says it is on CUDA, so that the proposal takes its GPU branch; the Triton kernel then runs
+    under the interpreter (tests/conftest.py), which accepts CPU tensors."""
 
-    class FakeCuda(torch.Tensor):
-        is_cuda = True
+    is_cuda = True
 
-    fake = q.as_subclass(FakeCuda)
-    with scheme.selected(scheme.COUPLED), pytest.raises(NotImplementedError, match="no Triton race"):
-        seeded_draft_proposal(fake, seeds, pos, 0, hot_vocab=hv)
+
+def test_the_coupled_reduced_race_runs_the_triton_kernel_on_cuda_tensors(monkeypatch):
+    """The GPU branch calls kernels/coupled_hot_race_probs.py (spied, not replaced) and proposes what the CPU branch
+    (the twin) does; greedy rows take the lowest target id among tied maxima, or among NaNs."""
+    kernel_module = importlib.import_module("sglang_detspec.kernels.coupled_hot_race_probs")
+    calls = []
+    real = kernel_module.coupled_hot_race_probs
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(kernel_module, "coupled_hot_race_probs", spy)
+    hv, q, seeds, pos, top_ks = _case(4)
+    q[0] = 1.0 / VD  # greedy row, every column tied
+    a, b = 3, 30
+    q[5, a], q[5, b] = float("nan"), float("nan")  # greedy row, two NaNs
+    with scheme.selected(scheme.COUPLED):
+        p_gpu, idx_gpu = seeded_draft_proposal(q.as_subclass(_MarkedCuda), seeds, pos, 0, top_ks, hot_vocab=hv)
+        assert calls == [(B, VD)]
+        p_cpu, idx_cpu = seeded_draft_proposal(q, seeds, pos, 0, top_ks, hot_vocab=hv)
+    assert len(calls) == 1  # the CPU branch runs the twin
+    idx_gpu = idx_gpu.as_subclass(torch.Tensor)
+    assert torch.equal(idx_gpu, idx_cpu)
+    assert torch.equal(p_gpu.as_subclass(torch.Tensor).nan_to_num(), p_cpu.nan_to_num())
+    hot = hv.hot_to_target
+    assert int(hot[idx_gpu[0, 0]]) == int(hot.min()) and int(idx_gpu[0, 0]) != 0
+    assert int(hot[idx_gpu[5, 0]]) == min(int(hot[a]), int(hot[b]))
