@@ -34,21 +34,21 @@ import triton
 import triton.language as tl
 
 from ..stream.coupled_reference import check_coupled_race_inputs, check_hot_to_target, resolve_uniform
-from .coupled_race_probs import (
-    _LN_TWO_P64,
-    _LONE,
-    _NEG_REL_MARGIN,
-    _P_SCREEN_MAX,
-    _RATIO_SLACK,
-    _RESCAN,
-    race_launch,
-    ratio_f32,
-    resolve_fast_screen,
+from .coupled_race_probs import race_launch, ratio_f32, resolve_fast_screen
+from .coupled_scoring import (
+    ABS_MARGIN,
+    INT32_MAX,
+    LN_TWO_P64,
+    LONE_CODE,
+    NEG_REL_MARGIN,
+    P_SCREEN_MAX,
+    RATIO_SLACK,
+    RESCAN_CODE,
+    exact_score,
 )
-from .coupled_scoring import ABS_MARGIN, INT32_MAX, exact_score
+from .draft_scoring import first_max_by_token
 from .hashing import fmix32, mix32, race_row_prefix
 from .launch_checks import require_cuda_or_interpreter, require_vocab_contiguous
-from .seeded_hot_draft_sample import _first_max_by_token
 
 __all__ = ["coupled_hot_race_probs"]
 
@@ -92,7 +92,7 @@ def _hot_chunk_partial(row_ptr, map_ptr, h_row, lo, VD, CAP: tl.constexpr, RECIP
         tok = tl.load(map_ptr + offs).to(tl.int32)
     h = fmix32(mix32(h_row, tok.to(tl.uint32)))
     # not (0 <= p <= 2**16) is NaN, negative (log NaN), +inf or not a probability: the screen cannot judge it
-    unjudged = ~((p >= 0.0) & (p <= _P_SCREEN_MAX))
+    unjudged = ~((p >= 0.0) & (p <= P_SCREEN_MAX))
     if not CAP:
         unjudged = unjudged | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at p = 0)
     # masked lanes read p = 0: ratio 0, like a zero probability; h = 0 (g = -709.78) gets ratio 0, settled below
@@ -101,18 +101,18 @@ def _hot_chunk_partial(row_ptr, map_ptr, h_row, lo, VD, CAP: tl.constexpr, RECIP
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
     if tl.sum(unjudged.to(tl.int32), 0) > 0:
-        res_idx = _RESCAN
+        res_idx = RESCAN_CODE
     elif m > 0.0:
-        s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
-        neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - ABS_MARGIN - _RATIO_SLACK
+        s_m = tl.log(m) - LN_TWO_P64  # the screen's log-space maximum, for the relative margin
+        neg_delta = (tl.abs(s_m) + 1.0) * NEG_REL_MARGIN - ABS_MARGIN - RATIO_SLACK
         cand = r >= m * tl.exp(neg_delta)
         if tl.sum(cand.to(tl.int32), 0) == 1:
-            res_idx = _LONE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
+            res_idx = LONE_CODE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
         else:
             res_score, res_idx = _rescore_by_target(row_ptr, map_ptr, h_row, offs, cand, CAP, RECIP)
     elif tl.max(p, 0) > 0.0:
         # positive probabilities whose ratios are all 0: each sits on hash 0, whose exact score is finite
-        res_idx = _RESCAN
+        res_idx = RESCAN_CODE
     else:
         # every probability is (+-)0: every score is exactly -inf, and the lowest target id is the chunk's argmax
         t_min = tl.min(tl.where(valid, tok, INT32_MAX), 0)
@@ -152,16 +152,16 @@ def _hot_stage2(
     live = cidx < NC
     score = tl.load(part_score_ptr + row * NC + cidx, mask=live, other=float("-inf"))
     code = tl.load(part_idx_ptr + row * NC + cidx, mask=live, other=0)
-    lone = live & (code <= _LONE)
-    rescan = live & (code == _RESCAN)
+    lone = live & (code <= LONE_CODE)
+    rescan = live & (code == RESCAN_CODE)
     ok = live & ~rescan
-    j = tl.where(lone, _LONE - code, tl.where(ok, code, 0))  # the draft index each judged chunk names
+    j = tl.where(lone, LONE_CODE - code, tl.where(ok, code, 0))  # the draft index each judged chunk names
     tok = tl.load(map_ptr + j, mask=ok, other=0).to(tl.int32)
     lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
     score = tl.where(lone, exact_score(lp, h_row, tok, CAP, RECIP), score)
     # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their lowest-target-id maximum
     # ((-inf, INT32_MAX) when every chunk is rescanned).
-    best, best_tok = _first_max_by_token(score, tok, ok)
+    best, best_tok = first_max_by_token(score, tok, ok)
     nan_tok = tl.full([], INT32_MAX, tl.int32)
     n = tl.sum(rescan.to(tl.int32), 0)
     while n > 0:  # rare: chunks the screen could not judge, exactly, all of them (NaN ties go by target id too)
@@ -172,7 +172,7 @@ def _hot_stage2(
         valid = offs < VD
         t = tl.load(map_ptr + offs, mask=valid, other=0).to(tl.int32)
         s = exact_score(tl.log(tl.load(row_ptr + offs, mask=valid, other=0.0)), h_row, t, CAP, RECIP)
-        cs, ct = _first_max_by_token(s, t, valid)
+        cs, ct = first_max_by_token(s, t, valid)
         if cs != cs:
             nan_tok = tl.minimum(nan_tok, ct)
         elif (cs > best) | ((cs == best) & (ct < best_tok)):

@@ -8,12 +8,12 @@ are :mod:`.coupled_race`'s (module docstring there: ``r = (p * 2**64) / E32``, c
 Layout: the two stages of ``seeded_draft_sample.py``, whose H200 tuning found what a program's tail costs
 ---------------------------------------------------------------------------------------------------------
 Stage 1, grid ``(R, cdiv(V, BLOCK))``: float32 only, except near ties.
-  * a chunk with one candidate (nearly every chunk) hands it to stage 2 unscored (:data:`_LONE` code), instead of
+  * a chunk with one candidate (nearly every chunk) hands it to stage 2 unscored (:data:`LONE_CODE` code), instead of
     every program paying two serial float64 ``log`` at its tail;
   * near ties (several candidates, rare) are re-scored exactly here, in increasing index order;
   * chunks the screen cannot judge -- a NaN, negative or above-``2**16`` probability, or (0.5.17, no cap) a hash
     of ``2**32 - 1`` (Gumbel ``+inf``) -- and chunks whose positive probabilities all sit on hash 0 (every ratio
-    0) are rescanned exactly in stage 2 (:data:`_RESCAN`; rare), so the float64 chunk code stays out of stage 1's
+    0) are rescanned exactly in stage 2 (:data:`RESCAN_CODE`; rare), so the float64 chunk code stays out of stage 1's
     registers;
   * a chunk of zero probabilities only (every score ``-inf``) reports ``(-inf, first index)``, exactly;
   * only a row's last chunk masks its loads.
@@ -39,6 +39,13 @@ from ..stream.coupled_reference import accept_and_emit, check_coupled_race_input
 from .coupled_scoring import (
     ABS_MARGIN,
     INT32_MAX,
+    LN_TWO_P64,
+    LONE_CODE,
+    NEG_REL_MARGIN,
+    P_SCREEN_MAX,
+    RATIO_SLACK,
+    RESCAN_CODE,
+    TWO_P64,
     exact_chunk_argmax,
     exact_score,
     exponential_f32,
@@ -54,16 +61,6 @@ from .launch_checks import (
 )
 
 __all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "resolve_fast_screen", "LAUNCH_TABLE"]
-
-#: stage-1 partial index codes below 0 (an index >= 0 comes with its exact float64 score)
-_RESCAN = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
-_LONE = tl.constexpr(-2)  # _LONE - j: the chunk's lone candidate j, unscored
-# The ratio screen (coupled_race's docstring has its bound)
-_TWO_P64 = tl.constexpr(2.0**64)  # the ratio screen's exact scaling of p
-_LN_TWO_P64 = tl.constexpr(64 * 0.6931471805599453)
-_NEG_REL_MARGIN = tl.constexpr(-(2.0**-20))  # -REL_MARGIN: the threshold's exponent is built without a unary minus
-_RATIO_SLACK = tl.constexpr(2.0**-20)  # covers the float32 rounding of the threshold m * exp(-delta)
-_P_SCREEN_MAX = tl.constexpr(2.0**16)  # above it (+inf, or not a probability) a chunk is scored exactly
 
 #: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Timed on an
 #: H100 with ``scripts/bench/bench_verify_schemes.py --coupled-launches``: 16 columns per thread (2048 x 4) was the
@@ -113,9 +110,9 @@ def ratio_f32(p, h, FAST: tl.constexpr):
     so the reciprocal and the product of a probability ``<= 2**16`` are normal floats.  Public so that
     scripts/gpu_kernel_checks.py measures this very expression."""
     if FAST:
-        r = (p * _TWO_P64) * recip_f32(exponential_f32(h, True), True)
+        r = (p * TWO_P64) * recip_f32(exponential_f32(h, True), True)
     else:
-        r = (p * _TWO_P64) / exponential_f32(h, False)
+        r = (p * TWO_P64) / exponential_f32(h, False)
     return tl.where(h != 0, r, 0.0)
 
 
@@ -131,7 +128,7 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         p = tl.load(row_ptr + offs)
     h = fmix32(mix32(h_row, offs.to(tl.uint32)))
     # not (0 <= p <= 2**16) is NaN, negative (log NaN), +inf or not a probability: the screen cannot judge it
-    unjudged = ~((p >= 0.0) & (p <= _P_SCREEN_MAX))
+    unjudged = ~((p >= 0.0) & (p <= P_SCREEN_MAX))
     if not CAP:
         if MASKED:
             unjudged = unjudged | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at p = 0)
@@ -143,18 +140,18 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
     res_score = tl.full([], float("-inf"), tl.float64)
     res_idx = lo
     if tl.sum(unjudged.to(tl.int32), 0) > 0:
-        res_idx = _RESCAN
+        res_idx = RESCAN_CODE
     elif m > 0.0:
-        s_m = tl.log(m) - _LN_TWO_P64  # the screen's log-space maximum, for the relative margin
-        neg_delta = (tl.abs(s_m) + 1.0) * _NEG_REL_MARGIN - ABS_MARGIN - _RATIO_SLACK
+        s_m = tl.log(m) - LN_TWO_P64  # the screen's log-space maximum, for the relative margin
+        neg_delta = (tl.abs(s_m) + 1.0) * NEG_REL_MARGIN - ABS_MARGIN - RATIO_SLACK
         cand = r >= m * tl.exp(neg_delta)
         if tl.sum(cand.to(tl.int32), 0) == 1:
-            res_idx = _LONE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
+            res_idx = LONE_CODE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
         else:
             res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, True)
     elif tl.max(p, 0) > 0.0:
         # positive probabilities whose ratios are all 0: each sits on hash 0, whose exact score is finite
-        res_idx = _RESCAN
+        res_idx = RESCAN_CODE
     # else every probability is (+-)0: every score is exactly -inf, and (-inf, lo) is the chunk's argmax
     return res_score, res_idx
 
@@ -191,11 +188,11 @@ def _probs_stage2(
     live = cidx < NC
     score = tl.load(part_score_ptr + row * NC + cidx, mask=live, other=float("-inf"))
     code = tl.load(part_idx_ptr + row * NC + cidx, mask=live, other=0)
-    lone = live & (code <= _LONE)
-    j = tl.where(lone, _LONE - code, 0)
+    lone = live & (code <= LONE_CODE)
+    j = tl.where(lone, LONE_CODE - code, 0)
     lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
     score = tl.where(lone, exact_score(lp, h_row, j, CAP, RECIP), score)
-    rescan = live & (code == _RESCAN)
+    rescan = live & (code == RESCAN_CODE)
     # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their first-index maximum.
     ok = live & ~rescan
     best = tl.max(tl.where(ok, score, float("-inf")), 0)

@@ -21,10 +21,21 @@ from .hashing import fmix32, lg2_f32, mix32
 
 __all__ = [
     "ABS_MARGIN", "INT32_MAX", "REL_MARGIN", "exact_chunk_argmax", "exact_score", "exponential_f32", "load_logprob",
-    "rescore_candidates",
+    "rescore_candidates", "RESCAN_CODE", "LONE_CODE", "TWO_P64", "LN_TWO_P64", "NEG_REL_MARGIN", "RATIO_SLACK",
+    "P_SCREEN_MAX",
 ]
 
 INT32_MAX = tl.constexpr(2147483647)
+#: Stage-1 partial index codes of the probability races (:mod:`.coupled_race_probs`, :mod:`.coupled_hot_race_probs`)
+#: below 0; an index >= 0 comes with its exact float64 score.
+RESCAN_CODE = tl.constexpr(-1)  # stage 2 rescans the chunk exactly
+LONE_CODE = tl.constexpr(-2)  # LONE_CODE - j: the chunk's lone candidate j, unscored
+# The ratio screen of the probability races (coupled_race's docstring has its bound)
+TWO_P64 = tl.constexpr(2.0**64)  # the ratio screen's exact scaling of p
+LN_TWO_P64 = tl.constexpr(64 * 0.6931471805599453)
+NEG_REL_MARGIN = tl.constexpr(-(2.0**-20))  # -REL_MARGIN: the threshold's exponent is built without a unary minus
+RATIO_SLACK = tl.constexpr(2.0**-20)  # covers the float32 rounding of the threshold m * exp(-delta)
+P_SCREEN_MAX = tl.constexpr(2.0**16)  # above it (+inf, or not a probability) a chunk is scored exactly
 #: The candidate margin both screens build their thresholds from (absolute, and relative to the screen maximum;
 #: coupled_race's docstring: the per-element screen error is <= 2**-12.8 + 2**-24 |s|).
 ABS_MARGIN = tl.constexpr(2.0**-8)

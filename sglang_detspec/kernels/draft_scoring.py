@@ -5,7 +5,8 @@ lets the float32 race pick candidates exactly.
 columns, keyed by target id) race a chunk in float32 with :func:`race_score_f32`, keep as candidates the elements
 whose score reaches ``m32 * CAND_REL`` (``m32`` the chunk's float32 maximum), and re-score candidates exactly with
 :func:`exact_score_of` -- so the two kernels agree bit for bit with each other and with upstream's float64 torch
-code.  The bound below is per element and does not depend on which column word was hashed.
+code.  :func:`first_max_by_token` is the hot-token kernels' reduction (this one's and
+:mod:`.coupled_hot_race_probs`'): ties to the lowest target id, a NaN first.  The bound below is per element and does not depend on which column word was hashed.
 
 Why the float32 filter is exact (the bound)
 -------------------------------------------
@@ -48,7 +49,9 @@ import triton.language as tl
 
 from .hashing import fmix32, lg2_f32, mix32, recip_f32
 
-__all__ = ["LOW_SCORE", "CAND_REL", "neg_log2_u_f32", "race_score_f32", "exact_score_of"]
+__all__ = ["LOW_SCORE", "CAND_REL", "neg_log2_u_f32", "race_score_f32", "exact_score_of", "first_max_by_token"]
+
+_INT32_MAX = tl.constexpr(2147483647)
 
 # Below this chunk maximum (in the rescaled float32 score), float32 underflow / flush-to-zero could hide
 # a subnormal-probability winner; the kernels resolve such chunks exactly, in float64.
@@ -105,3 +108,16 @@ def exact_score_of(p, h_row, col):
     u = (h.to(tl.float64) + 0.5) * 2.3283064365386963e-10  # both steps exact in float64
     r = 1.0 / (-tl.log(u))
     return r * p.to(tl.float64)
+
+
+@triton.jit
+def first_max_by_token(s, tok, valid):
+    """``(score, target id)`` of the maximum of ``s`` over ``valid`` lanes, ties to the lowest target id; a NaN
+    anywhere wins (score NaN, its lowest target id): ``torch.argmax`` over the columns sorted by target id."""
+    isn = valid & (s != s)
+    nan_tok = tl.min(tl.where(isn, tok, _INT32_MAX), 0)
+    ok = valid & (s == s)
+    m = tl.max(tl.where(ok, s, float("-inf")), 0)
+    max_tok = tl.min(tl.where(ok & (s == m), tok, _INT32_MAX), 0)
+    has_nan = nan_tok < _INT32_MAX
+    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_tok, max_tok)

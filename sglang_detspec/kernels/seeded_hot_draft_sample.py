@@ -31,7 +31,7 @@ import triton.language as tl
 
 from ..stream.draft_contract import check_hot_draft_inputs
 from ..stream.hot_vocab import HotDraftDraw
-from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, race_score_f32
+from .draft_scoring import CAND_REL, LOW_SCORE, exact_score_of, first_max_by_token, race_score_f32
 from .hashing import draft_row_prefix, fmix32, mix32
 from .launch_checks import INTERPRETED, require_cuda_or_interpreter, require_vocab_contiguous
 from .seeded_draft_sample import LaunchConfig, launch_plan
@@ -39,19 +39,6 @@ from .seeded_draft_sample import LaunchConfig, launch_plan
 __all__ = ["seeded_hot_draft_sample"]
 
 _INT_MAX = tl.constexpr(2147483647)
-
-
-@triton.jit
-def _first_max_by_token(s, tok, valid):
-    """``(score, target id)`` of the maximum of ``s`` over ``valid`` lanes, ties to the lowest target id; a NaN
-    anywhere wins (score NaN, its lowest target id): ``torch.argmax`` over the columns sorted by target id."""
-    isn = valid & (s != s)
-    nan_tok = tl.min(tl.where(isn, tok, _INT_MAX), 0)
-    ok = valid & (s == s)
-    m = tl.max(tl.where(ok, s, float("-inf")), 0)
-    max_tok = tl.min(tl.where(ok & (s == m), tok, _INT_MAX), 0)
-    has_nan = nan_tok < _INT_MAX
-    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_tok, max_tok)
 
 
 @triton.jit
@@ -83,7 +70,7 @@ def _hot_stage1(
 
     if greedy:
         # The score IS p, compared exactly in float32.
-        m32, res_tok = _first_max_by_token(s, tok, valid)
+        m32, res_tok = first_max_by_token(s, tok, valid)
         res_score = m32.to(tl.float64)
     elif (m >= LOW_SCORE) & (m < float("inf")):
         # Every element whose float64 score can reach the chunk's float64 maximum has s >= thr (the bound).
@@ -112,7 +99,7 @@ def _hot_stage1(
         else:
             # NaN / inf / negative maxima, or every p below ~2**-77: the exact float64 scores of the whole chunk
             s64 = exact_score_of(p, h_row, col)
-            res_score, res_tok = _first_max_by_token(s64, tok, valid)
+            res_score, res_tok = first_max_by_token(s64, tok, valid)
     res_idx = tl.min(tl.where(valid & (tok == res_tok), offs, _INT_MAX), 0)
     out = row * NC + c
     tl.store(part_score_ptr + out, res_score)
@@ -131,7 +118,7 @@ def _hot_stage2(
     sc = tl.load(part_score_ptr + row * NC + cidx, mask=valid, other=float("-inf"))
     tok = tl.load(part_tok_ptr + row * NC + cidx, mask=valid, other=_INT_MAX)
     idx = tl.load(part_idx_ptr + row * NC + cidx, mask=valid, other=0)
-    _, win_tok = _first_max_by_token(sc, tok, valid)
+    _, win_tok = first_max_by_token(sc, tok, valid)
     win_idx = tl.min(tl.where(valid & (tok == win_tok), idx, _INT_MAX), 0)
     tl.store(out_tok_ptr + row, win_tok.to(tl.int64))
     tl.store(out_idx_ptr + row, win_idx.to(tl.int64))
