@@ -26,7 +26,8 @@ from e2e_harness import (
 )
 
 #: The pairs served end to end here. ``qwen3_eagle3`` (reduced-vocabulary EAGLE3 draft) is served by
-#: tests/e2e/test_e2e_reduced_vocab.py; here only its invariant mode's start-up refusal (:data:`REFUSED`).
+#: tests/e2e/test_e2e_reduced_vocab.py; here only its invariant mode's start-up refusal without the opt-in
+#: (:data:`REFUSED`).
 E2E_PAIRS = ("qwen3_moe", "deepseek_mtp")
 #: The builtin algorithm a user serves each pair's draft with: an EAGLE draft with EAGLE, DeepSeek's own MTP layer
 #: with NEXTN (SGLang resolves NEXTN to EAGLE; the plugin's twin of both is DETSPEC_EAGLE).

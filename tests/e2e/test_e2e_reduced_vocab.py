@@ -1,16 +1,19 @@
-"""End to end: DETSPEC_EAGLE3 with a reduced-vocabulary ("hot token") EAGLE3 draft (issue 33, item 1).
+"""End to end: a reduced-vocabulary ("hot token") EAGLE3 draft under DETSPEC_EAGLE3 and, opted in, the invariant
+mode (issue 33, item 1).
 
 The ``qwen3_eagle3`` pair (``sglang_detspec.models.family_pairs``: a Qwen3 target of 1024 tokens, an EAGLE3 draft of
-256 hot tokens with a ``d2t`` map) as users serve it (no opt-in since its lossless check passed on an H100), CUDA
-graphs on and off:
+256 hot tokens with a ``d2t`` map), CUDA graphs on and off:
 
-* ``sglang-detspec check --traffic uniform,mixed``: one probe output per profile (the seeded probe is identical
-  whatever shares its batches), the same tokens with graphs on and off, and the accept length (recorded; it must
-  exceed 1, i.e. the verify accepts drafts read through the hot map -- a draft index taken for a target id would
-  propose tokens the target rarely emits);
-* the server log says it serves a reduced-vocabulary draft, and carries no "not yet GPU-verified" warning;
-* the control that must fail at start-up: DETSPEC_EAGLE3_INVARIANT, even with ``SGLANG_DETSPEC_REDUCED_VOCAB=1``
-  (its race over a hot map has not run on a GPU).
+* DETSPEC_EAGLE3 as users serve it (no opt-in since its lossless check passed on an H100): ``sglang-detspec check
+  --traffic uniform,mixed`` gives one probe output per profile, the same tokens with graphs on and off, and an accept
+  length above 1 (the verify accepts drafts read through the hot map -- a draft index taken for a target id would
+  propose tokens the target rarely emits); its log says it serves a reduced draft, with no "not yet GPU-verified"
+  warning;
+* DETSPEC_EAGLE3_INVARIANT with ``SGLANG_DETSPEC_REDUCED_VOCAB=1`` (the race over the hot map, on trial): ``check
+  --against`` the non-speculative token-id reference gives one output equal to the reference's, and a sweep of
+  :data:`SWEEP_SEEDS` seeds is identical to the reference's, graphs on and off, with drafts accepted;
+* controls: the invariant mode without the opt-in is refused at start-up, and DETSPEC_EAGLE3 (rejection sampling)
+  matches the reference in under half the swept seeds, so the sweep can tell the two apart.
 
 Servers come from this module's own pool (the pair is not the session's tiny pair). The lossless chi-square on this
 pair is ``scripts/lossless_check.py --pair qwen3_eagle3`` (minutes, not a test).
@@ -24,18 +27,24 @@ import pytest
 from sglang_detspec import server_process
 
 import e2e_harness as h
+import family_harness as fh
 from e2e_harness import register_cuda_ci
 
-register_cuda_ci(est_time=420, suite="detspec-e2e")
+register_cuda_ci(est_time=480, suite="detspec-e2e")
 
 pytestmark = h.module_marks()
 
 PAIR = "qwen3_eagle3"
-OPT_IN = {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}  # lifts the token-map refusal only; the invariant mode stays refused
+OPT_IN = {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}
 SEED = 1234
 TRIALS = 8
 TRAFFIC = "uniform,mixed"
 SERVING = ("reduced_graph", "reduced_nograph")
+INVARIANT = ("reduced_invariant_graph", "reduced_invariant_nograph")
+REFERENCE = "reduced_reference"
+SWEEP_SEEDS = list(range(1, 101))
+SWEEP_TOKENS = 32
+PROMPTS = (h.PROBE_PROMPT, "Once upon a time, in a small town by the sea, there lived")
 
 
 def _specs():
@@ -45,11 +54,16 @@ def _specs():
     pair = ensure_family_pair(Path(root) if root else None, PAIR)
     base = h.common_args(pair.target, PAIR)
     detspec3 = base + h.eagle_args(pair.draft, "DETSPEC_EAGLE3", deterministic=True)
-    invariant3 = base + h.eagle_args(pair.draft, "DETSPEC_EAGLE3_INVARIANT", deterministic=True)
+    invariant3 = base + h.eagle_args(pair.draft, "DETSPEC_EAGLE3_INVARIANT", deterministic=True) + h.INVARIANT_ARGS
+    spec = server_process.ServerSpec
     specs = [
-        server_process.ServerSpec("reduced_graph", detspec3),
-        server_process.ServerSpec("reduced_nograph", detspec3 + h.GRAPHS_OFF),
-        server_process.ServerSpec("reduced_invariant", invariant3, expect_exit=True, env=dict(OPT_IN)),
+        spec("reduced_graph", detspec3),
+        spec("reduced_nograph", detspec3 + h.GRAPHS_OFF),
+        spec("reduced_invariant_graph", invariant3, env=dict(OPT_IN)),
+        spec("reduced_invariant_nograph", invariant3 + h.GRAPHS_OFF, env=dict(OPT_IN)),
+        spec(REFERENCE, base + ["--enable-deterministic-inference"] + h.INVARIANT_ARGS,
+             env={h.TOKEN_ID_SAMPLER_ENV: "1"}),
+        spec("reduced_invariant_no_opt_in", invariant3, expect_exit=True),
     ]
     return {s.name: s for s in specs}
 
@@ -86,6 +100,25 @@ def checks(pool):
     return h.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
 
 
+@pytest.fixture(scope="module")
+def invariant_check(pool):
+    srv, ref = _ready(pool, "reduced_invariant_graph"), _ready(pool, REFERENCE)
+    (h.out_dir() / "checks").mkdir(exist_ok=True)
+    res = h.run_check(srv, TRAFFIC, h.out_dir() / "checks" / "reduced_invariant_graph.json", trials=TRIALS,
+                      seed=SEED, extra=["--against", ref.base_url])
+    h.record("check_reduced_invariant_graph", h.check_summary(TRAFFIC, res))
+    return res
+
+
+@pytest.fixture(scope="module")
+def sweeps(pool):
+    out = {}
+    for name in (REFERENCE, *INVARIANT, "reduced_graph"):
+        out[name] = [r["output_ids"] for r in fh.seed_sweep(_ready(pool, name).base_url, SWEEP_SEEDS, PROMPTS,
+                                                            max_new_tokens=SWEEP_TOKENS)]
+    return out
+
+
 @pytest.mark.parametrize("name", SERVING)
 def test_reduced_draft_probe_is_one_output_under_uniform_and_mixed_traffic(checks, name):
     r = checks[name]
@@ -110,12 +143,44 @@ def test_the_log_says_a_reduced_draft_is_served_without_a_warning(pool, checks):
     assert "NOT YET GPU-verified" not in log
 
 
-def test_the_invariant_mode_is_refused_at_start_up(pool):
-    srv = pool.get("reduced_invariant")
+def test_invariant_probe_is_one_output_equal_to_the_reference(invariant_check):
+    rep = invariant_check["report"]
+    assert rep, invariant_check["stdout"] + invariant_check["stderr"]
+    assert rep["unique_outputs"] == 1, invariant_check["stdout"]
+    against = rep.get("against") or {}
+    assert against.get("self_consistent") and against.get("passed"), against
+    assert invariant_check["returncode"] == 0, invariant_check["stdout"] + invariant_check["stderr"]
+    accept = rep.get("probe_accept_length")
+    assert accept is not None and accept > 1.0, f"accept length {accept}: the hot race never proposed an accepted token"
+
+
+@pytest.mark.parametrize("name", INVARIANT)
+def test_invariant_sweep_is_identical_to_the_reference(sweeps, name):
+    cmp = h.compare_to_reference(sweeps[REFERENCE], sweeps[name], SWEEP_SEEDS)
+    h.record(f"reduced_invariant_sweep_{name}", cmp)
+    assert cmp["identical"] == len(SWEEP_SEEDS), cmp
+
+
+def test_control_rejection_sampling_differs_from_the_reference(sweeps):
+    cmp = h.compare_to_reference(sweeps[REFERENCE], sweeps["reduced_graph"], SWEEP_SEEDS)
+    h.record("reduced_rejection_sampling_vs_reference", {k: cmp[k] for k in ("n", "identical")})
+    assert cmp["identical"] < len(SWEEP_SEEDS) / 2, cmp
+    assert len({tuple(x) for x in sweeps[REFERENCE]}) > len(SWEEP_SEEDS) / 2  # the reference honours the seeds
+
+
+def test_the_invariant_mode_without_the_opt_in_is_refused_at_start_up(pool):
+    srv = pool.get("reduced_invariant_no_opt_in")
     rc = srv.wait_exit(300)
-    assert rc is not None and rc != 0, "reduced_invariant kept running"
+    assert rc is not None and rc != 0, "reduced_invariant_no_opt_in kept running"
     log = srv.log_text()
-    assert "a draft vocabulary of 256 tokens (target: 1024)" in log and "hot-token map" in log, srv.log_tail(30)
+    assert "a draft vocabulary of 256 tokens (target: 1024)" in log and "SGLANG_DETSPEC_REDUCED_VOCAB=1" in log, \
+        srv.log_tail(30)
+
+
+def test_the_opted_in_invariant_mode_warns_it_is_not_gpu_verified(pool, invariant_check):
+    log = pool.get("reduced_invariant_graph").log_text()
+    assert "invariant mode's race over a hot-token map is NOT YET GPU-verified" in log, \
+        pool.get("reduced_invariant_graph").log_tail(40)
 
 
 if __name__ == "__main__":

@@ -165,11 +165,11 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "draft_vocab_invariant": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "the invariant mode's race over a hot-token map (each draft column raced under its target id's noise) has "
-        "not run on a GPU yet, so its identity with the non-speculative server is unmeasured "
-        "(SGLANG_DETSPEC_REDUCED_VOCAB does not lift this)",
-        "Use --speculative-algorithm DETSPEC_EAGLE3 (reproducible per seed, lossless), or a draft with the target's "
-        "full vocabulary.",
+        "the invariant mode's race over a hot-token map (each draft column raced under its target id's noise) is off "
+        "by default: it has not run on a GPU yet, so its identity with the non-speculative server is unmeasured",
+        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (an EAGLE3 draft's hot map only), "
+        "or use --speculative-algorithm DETSPEC_EAGLE3 (reproducible per seed, lossless), or a draft with the "
+        "target's full vocabulary.",
     ),
     "draft_vocab_multi_layer": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size}) and multi-layer EAGLE",

@@ -260,10 +260,10 @@ def check_draft_vocab(
     """Refuse a reduced-vocabulary draft unless DETSPEC can serve it (also called by the draft worker at init).
 
     ``reduced``: whether the draft maps its vocabulary into the target's (a hot-token map: an EAGLE3 ``d2t`` or
-    ``--speculative-token-map``); by default, whether the sizes differ. A reduced draft is refused for the invariant
-    mode and multi-layer EAGLE always. An EAGLE3 draft's ``d2t`` map is served (GPU-verified: one output per seed,
-    lossless at N = 10,000); DETSPEC_EAGLE's token map only with :data:`REDUCED_VOCAB_ENV` = ``1``, with a warning,
-    until it has run on a GPU.
+    ``--speculative-token-map``); by default, whether the sizes differ. Multi-layer EAGLE refuses a reduced draft
+    always. DETSPEC_EAGLE3 serves an EAGLE3 draft's hot map (GPU-verified: one output per seed, lossless at
+    N = 10,000). The invariant mode's hot-token race and DETSPEC_EAGLE's token map are served only with
+    :data:`REDUCED_VOCAB_ENV` = ``1``, with a warning, until they have run on a GPU.
     """
     if draft_vocab_size is None or target_vocab_size is None:
         return
@@ -272,10 +272,14 @@ def check_draft_vocab(
     if not reduced:
         return
     sizes = {"draft_vocab_size": draft_vocab_size, "target_vocab_size": target_vocab_size}
-    if scheme.scheme_for_algorithm(name) == scheme.COUPLED:
-        raise refuse("draft_vocab_invariant", name, **sizes)
     if multi_layer:
         raise refuse("draft_vocab_multi_layer", name, **sizes)
+    if scheme.scheme_for_algorithm(name) == scheme.COUPLED:
+        if not reduced_vocab_opted_in():
+            raise refuse("draft_vocab_invariant", name, **sizes)
+        _warn_not_gpu_verified(name, draft_vocab_size, target_vocab_size,
+                               "the invariant mode's race over a hot-token map is NOT YET GPU-verified")
+        return
     twin = DETSPEC_TWINS.get(name)
     if twin == "EAGLE3":
         logger.info("sglang-detspec: %s: serving a reduced-vocabulary draft (%s of %s target tokens): proposals keyed "
@@ -284,11 +288,15 @@ def check_draft_vocab(
         return
     if twin != "EAGLE" or not reduced_vocab_opted_in():
         raise refuse("draft_vocab", name, **sizes)
+    _warn_not_gpu_verified(name, draft_vocab_size, target_vocab_size,
+                           "a --speculative-token-map under DETSPEC_EAGLE is NOT YET GPU-verified")
+
+
+def _warn_not_gpu_verified(name: str, draft_vocab_size: int, target_vocab_size: int, what: str) -> None:
     logger.warning(
-        "%s: serving a reduced-vocabulary draft (%s of %s target tokens) from --speculative-token-map because %s=1. "
-        "The EAGLE3 hot-token path it shares is GPU-verified (one output per seed, lossless at N = 10,000); a token "
-        "map under DETSPEC_EAGLE is NOT YET GPU-verified.",
-        name, draft_vocab_size, target_vocab_size, REDUCED_VOCAB_ENV,
+        "%s: serving a reduced-vocabulary draft (%s of %s target tokens) because %s=1. The EAGLE3 hot-token path is "
+        "GPU-verified (one output per seed, lossless at N = 10,000); %s.",
+        name, draft_vocab_size, target_vocab_size, REDUCED_VOCAB_ENV, what,
     )
 
 

@@ -259,14 +259,27 @@ def test_reduced_eagle3_draft_vocab_is_served_whatever_the_opt_in(models, monkey
     assert "NOT YET GPU-verified" not in caplog.text
 
 
-def test_the_invariant_mode_refuses_a_reduced_eagle3_draft_even_opted_in(models, monkeypatch):
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+@pytest.mark.parametrize("opt_in", [None, "0", "true"])
+def test_the_invariant_mode_refuses_a_reduced_eagle3_draft_unless_opted_in(models, monkeypatch, opt_in):
+    if opt_in is None:
+        monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)  # only "1" opts in
     with pytest.raises(DetspecConfigError, match="hot-token map") as info:
         resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
                             speculative_draft_model_path=models["eagle3_small_vocab"]))
     msg = str(info.value)
     assert "DETSPEC_EAGLE3_INVARIANT" in msg and f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg
-    assert "Use --speculative-algorithm DETSPEC_EAGLE3" in msg  # the fix names the algorithm that serves it
+    assert "SGLANG_DETSPEC_REDUCED_VOCAB=1" in msg and "DETSPEC_EAGLE3 (reproducible per seed" in msg
+
+
+def test_the_invariant_mode_serves_a_reduced_eagle3_draft_opted_in_with_a_warning(models, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    with caplog.at_level("WARNING"):
+        sa = resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
+                                 speculative_draft_model_path=models["eagle3_small_vocab"]))
+    assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == "DETSPEC_EAGLE3_INVARIANT"
+    assert "invariant mode's race over a hot-token map is NOT YET GPU-verified" in caplog.text
 
 
 def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
@@ -297,7 +310,7 @@ def test_check_draft_vocab_for_worker_init(monkeypatch, caplog):
     with pytest.raises(DetspecConfigError, match="multi-layer"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256, multi_layer=True)
     for invariant in ("DETSPEC_EAGLE3_INVARIANT", "DETSPEC_EAGLE_INVARIANT"):
-        with pytest.raises(DetspecConfigError, match="hot-token map"):
+        with pytest.raises(DetspecConfigError, match="hot-token map.*SGLANG_DETSPEC_REDUCED_VOCAB=1"):
             detspec_args.check_draft_vocab(invariant, 32000, 128256)
     # DETSPEC_EAGLE's reduced drafts come from --speculative-token-map: not GPU-run, so only opted in, with a warning
     with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
@@ -308,8 +321,9 @@ def test_check_draft_vocab_for_worker_init(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
     assert "NOT YET GPU-verified" in caplog.text and "--speculative-token-map" in caplog.text
-    with pytest.raises(DetspecConfigError, match="hot-token map"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE_INVARIANT", 32000, 128256)
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)  # opted in, with a warning
+    with pytest.raises(DetspecConfigError, match="multi-layer"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256, multi_layer=True)
 
 
 def test_token_map_is_served_only_opted_in_and_single_layer(models, monkeypatch, tmp_path):

@@ -218,11 +218,19 @@ def test_an_eagle_token_map_takes_the_reduced_vocabulary_path(monkeypatch, tmp_p
     assert heads["head"].shape == (VD, HIDDEN)  # upstream sliced the draft's LM head to the hot ids
 
 
-def test_invariant_mode_refuses_a_reduced_draft_even_opted_in(monkeypatch):
+@pytest.mark.parametrize("opt_in", ["0", "1"])
+def test_invariant_mode_serves_a_reduced_draft_only_opted_in(monkeypatch, opt_in, caplog):
     from sglang_detspec.integration.sampling import scheme
 
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+    hot = _hot_map()
     with published(speculative_algorithm="EAGLE3"), scheme.selected(scheme.COUPLED):
-        w = _pool_worker(_hot_map(), "EAGLE3")
-        with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE3_INVARIANT.*hot-token map"):
+        w = _pool_worker(hot, "EAGLE3")
+        if opt_in != "1":
+            with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE3_INVARIANT.*hot-token map"):
+                w.alloc_memory_pool()
+            return
+        with caplog.at_level("WARNING"):
             w.alloc_memory_pool()
+    assert "NOT YET GPU-verified" in caplog.text
+    assert torch.equal(w.detspec_hot_vocab.hot_to_target, hot)
