@@ -176,7 +176,7 @@ def _coupled_hot_proposal(probs, q32, seeds, pos, greedy, hot_vocab, cap):
         from sglang_detspec.stream.coupled_reference import coupled_hot_race_reference
 
         tokens = coupled_hot_race_reference(torch.log(q32), seeds, pos, hot, cap_unit_uniform=cap)
-    index = hot_vocab.target_to_draft.to(torch.int64)[tokens]
+    index = hot_vocab.target_to_draft[tokens].to(torch.int64)  # gather [B], then widen: no [V] copy
     if greedy is not None:
         index = torch.where(greedy, _lowest_target_argmax(probs, hot_vocab), index)
     index = index.view(-1, 1)
@@ -191,4 +191,4 @@ def _lowest_target_argmax(probs, hot_vocab):
     nan = probs.isnan()
     top = torch.where(nan.any(dim=1, keepdim=True), nan, probs == probs.max(dim=1, keepdim=True).values)
     tokens = torch.where(top, hot, hot_vocab.target_vocab_size).min(dim=1).values
-    return hot_vocab.target_to_draft.to(torch.int64)[tokens]
+    return hot_vocab.target_to_draft[tokens].to(torch.int64)
