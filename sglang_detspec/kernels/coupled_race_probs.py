@@ -55,8 +55,8 @@ from .hashing import fmix32, mix32, race_row_prefix, recip_f32
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
+    overridden_launch,
     require_cuda_or_interpreter,
-    require_launch,
     require_vocab_contiguous,
 )
 
@@ -80,11 +80,7 @@ def race_launch(rows: int, vocab: int, block_size: Optional[int] = None,
     block, warps = next(launch for bound, launch in LAUNCH_TABLE if size <= bound)
     if INTERPRETED:
         block = interpreter_block(vocab)
-    if block_size is not None:
-        block = int(block_size)
-    if num_warps is not None:
-        warps = int(num_warps)
-    require_launch(block, warps)
+    block, warps = overridden_launch(block, warps, block_size, num_warps)
     if triton.cdiv(vocab, block) > MAX_CHUNKS:  # stage 2 holds a row's chunks in one program
         raise ValueError(f"block_size {block} cuts a vocab of {vocab} into more than {MAX_CHUNKS} chunks; pass "
                          f"block_size >= {triton.next_power_of_2(triton.cdiv(vocab, MAX_CHUNKS))} (or leave it unset)")

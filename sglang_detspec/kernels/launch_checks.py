@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["INTERPRETED", "interpreter_block", "require_launch", "require_vocab_contiguous", "require_cuda_or_interpreter"]
+__all__ = ["INTERPRETED", "interpreter_block", "overridden_launch", "require_launch", "require_vocab_contiguous", "require_cuda_or_interpreter"]
 
 #: True when Triton runs kernels in its NumPy interpreter (``TRITON_INTERPRET=1`` set before import).
 #: Read once, when the kernels package is first imported -- the moment Triton itself reads the variable.
@@ -63,3 +63,12 @@ def require_launch(block_size: int, num_warps: Optional[int] = None, block_name:
         raise ValueError(f"{block_name} must be a power of two >= 16, got {block_size}")
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
+
+
+def overridden_launch(block: int, warps: int, block_size: Optional[int], num_warps: Optional[int]) -> "tuple[int, int]":
+    """``(columns, warps)`` per program: a kernel's chosen ``block`` / ``warps`` with the caller's ``block_size`` /
+    ``num_warps`` overrides where given, refused (:func:`require_launch`) where Triton cannot build the result."""
+    block = int(block_size) if block_size is not None else int(block)
+    warps = int(num_warps) if num_warps is not None else int(warps)
+    require_launch(block, warps)
+    return block, warps

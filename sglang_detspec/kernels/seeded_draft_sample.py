@@ -60,8 +60,8 @@ from .hashing import draft_row_prefix, fmix32, mix32
 from .launch_checks import (
     INTERPRETED,
     interpreter_block,
+    overridden_launch,
     require_cuda_or_interpreter,
-    require_launch,
     require_vocab_contiguous,
 )
 
@@ -351,11 +351,7 @@ def launch_plan(
     options = {"maxnreg": int(chosen.maxnreg)} if chosen.maxnreg and not INTERPRETED else {}
     if INTERPRETED and config is None:
         block = interpreter_block(vocab)
-    if block_size is not None:
-        block = int(block_size)
-    if num_warps is not None:
-        warps = int(num_warps)
-    require_launch(block, warps)
+    block, warps = overridden_launch(block, warps, block_size, num_warps)
     return block, warps, options
 
 

@@ -7,7 +7,7 @@ import triton
 
 from sglang_detspec.kernels.coupled_race import coupled_race
 from sglang_detspec.kernels.coupled_race_probs import coupled_race_probs
-from sglang_detspec.kernels.launch_checks import interpreter_block, require_launch
+from sglang_detspec.kernels.launch_checks import interpreter_block, overridden_launch, require_launch
 from sglang_detspec.kernels.row_truncation import truncate_probs_triton
 from sglang_detspec.kernels.seeded_draft_sample import seeded_draft_sample
 
@@ -53,6 +53,17 @@ def test_require_launch_accepts_powers_of_two():
         for warps in (1, 4, 16):
             require_launch(block, warps)
     require_launch(2048)  # warps not given: not checked
+
+
+def test_overridden_launch_takes_each_override_where_given_and_checks_the_result():
+    assert overridden_launch(1024, 4, None, None) == (1024, 4)
+    assert overridden_launch(1024, 4, 256, None) == (256, 4)
+    assert overridden_launch(1024, 4, None, 8) == (1024, 8)
+    assert overridden_launch(1024, 4, 64, 2) == (64, 2)
+    with pytest.raises(ValueError, match="^block_size must be a power of two >= 16, got 24$"):
+        overridden_launch(1024, 4, 24, None)
+    with pytest.raises(ValueError, match="^num_warps must be a power of two >= 1, got 6$"):
+        overridden_launch(1024, 4, None, 6)
 
 
 @pytest.mark.parametrize("vocab", [1, 5, 1000, 1024, 1025, 4099, 32000, 151936])
