@@ -100,7 +100,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="lossless_check.py",
         description="Two-sample chi-square lossless check of DETSPEC_EAGLE against a non-speculative server "
-        "(and an accept-all-drafts control that must fail), on the weighted tiny pair. Needs a CUDA GPU and sglang.",
+        "(and an accept-all-drafts control that must fail), on a tiny pair (--pair). Needs a CUDA GPU and sglang.",
         epilog="example: python scripts/lossless_check.py --out /tmp/lossless   (about 4 minutes on an H200)",
     )
     ap.add_argument("--out", type=Path, required=True, help="directory for lossless.json, lossless.md, tokens.npz, logs")

@@ -42,6 +42,18 @@ TRIALS = 8
 TRAFFIC = "uniform,mixed"
 SERVING = ("token_map_graph", "token_map_nograph")
 REDUCED_LOG = "serving a reduced-vocabulary draft (512 of 1024 target tokens)"
+NOT_VERIFIED_LOG = "a --speculative-token-map under DETSPEC_EAGLE is NOT YET GPU-verified"
+#: What each refused server's log must say (tests/unit/e2e_helpers/test_e2e_token_map_specs.py checks the first two
+#: against the refusals SGLang's resolution raises on CPU).
+REFUSAL_NEEDLES = {
+    "token_map_no_opt_in": ("--speculative-algorithm DETSPEC_EAGLE cannot be used with --speculative-token-map",
+                            f"{OPT_IN_ENV}=1"),
+    "token_map_invariant": (
+        "--speculative-algorithm DETSPEC_EAGLE_INVARIANT cannot be used with --speculative-token-map",
+        f"{OPT_IN_ENV}=1 (not with an _INVARIANT algorithm)"),
+    # EAGLEWorkerV2.__init__ after loading the map (0.5.17 - 0.5.23).
+    "token_map_builtin_eagle_rs": ("requires the draft and target to share one vocab", "(512) != target vocab (1024)"),
+}
 
 
 def _specs():
@@ -96,13 +108,15 @@ def _ready(pool, name):
     return srv
 
 
-def _refused(pool, name):
-    """The log of ``name``, a server that must exit non-zero at start-up."""
+def _assert_refused(pool, name):
+    """``name`` exits non-zero at start-up and its log holds every one of its :data:`REFUSAL_NEEDLES`."""
     srv = pool.get(name)
     rc = srv.wait_exit(300)
-    h.record(f"token_map_refusal_{name}", {"exit_code": rc})
+    log = srv.log_text()
+    missing = [n for n in REFUSAL_NEEDLES[name] if n not in log]
+    h.record(f"token_map_refusal_{name}", {"exit_code": rc, "missing": missing})
     assert rc is not None and rc != 0, f"{name} kept running (or exited 0); log tail:\n{srv.log_tail(30)}"
-    return srv.log_text()
+    assert not missing, f"{name}: the log lacks {missing}; its tail:\n{srv.log_tail(40)}"
 
 
 @pytest.fixture(scope="module")
@@ -138,27 +152,19 @@ def test_the_log_says_a_reduced_draft_is_served(pool, checks, name):
 def test_the_opted_in_token_map_warns_it_is_not_gpu_verified(pool, checks):
     # Drop this test when the opt-in is lifted (the warning goes with it).
     log = pool.get("token_map_graph").log_text()
-    assert "a --speculative-token-map under DETSPEC_EAGLE is NOT YET GPU-verified" in log, \
-        pool.get("token_map_graph").log_tail(40)
+    assert NOT_VERIFIED_LOG in log, pool.get("token_map_graph").log_tail(40)
 
 
 def test_the_token_map_without_the_opt_in_is_refused_at_start_up(pool):
-    log = _refused(pool, "token_map_no_opt_in")
-    assert "--speculative-algorithm DETSPEC_EAGLE cannot be used with --speculative-token-map" in log, log[-3000:]
-    assert f"{OPT_IN_ENV}=1" in log, log[-3000:]
+    _assert_refused(pool, "token_map_no_opt_in")
 
 
 def test_the_invariant_mode_with_a_token_map_is_refused_even_opted_in(pool):
-    log = _refused(pool, "token_map_invariant")
-    assert "--speculative-algorithm DETSPEC_EAGLE_INVARIANT cannot be used with --speculative-token-map" in log, \
-        log[-3000:]
-    assert f"{OPT_IN_ENV}=1 (not with an _INVARIANT algorithm)" in log, log[-3000:]
+    _assert_refused(pool, "token_map_invariant")
 
 
 def test_upstream_rejection_sampling_does_not_serve_a_token_map(pool):
-    log = _refused(pool, "token_map_builtin_eagle_rs")
-    assert "requires the draft and target to share one vocab" in log and "(512) != target vocab (1024)" in log, \
-        log[-3000:]
+    _assert_refused(pool, "token_map_builtin_eagle_rs")
 
 
 if __name__ == "__main__":
