@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Lossless check on a CUDA GPU: DETSPEC_EAGLE's tokens have the target model's distribution (issue 12, item 4).
 
-    python scripts/lossless_check.py --out DIR [--n 10000 | --quick] [--concurrency 64] [--pair qwen3_eagle3]
+    python scripts/lossless_check.py --out DIR [--n 10000 | --quick] [--concurrency 64]
+                                     [--pair weighted | qwen3_eagle3 | weighted_token_map]
 
 Starts three ``sglang.launch_server`` processes side by side on the weighted tiny pair, CUDA graphs on (captured up
 to ``--cuda-graph-max-bs``, default the concurrency, so the measured batches replay graphs; ``--max-running-requests``
@@ -31,6 +32,12 @@ EAGLE3 draft (256 hot tokens of 1024, a ``d2t`` map; ``models.family_pairs``): `
 DETSPEC_EAGLE3 as users serve it (no opt-in: this check passed on an H100 at N = 10,000, docs/results.md), so the
 verify under test reads the reduced q through the hot map; the control's accept-all sitecustomize wraps that same
 verify.
+
+``--pair weighted_token_map`` (issue 33, item 1) runs them on the weighted tiny pair with a reduced draft vocabulary
+given by ``--speculative-token-map`` (``models.token_map``: the target's 512 most frequent tokens of 1024, most
+frequent first; SGLang keeps those rows of the EAGLE draft's LM head): ``detspec`` and ``control`` are DETSPEC_EAGLE
+with the token map and ``SGLANG_DETSPEC_REDUCED_VOCAB=1`` (the opt-in that path needs until a GPU run verifies it),
+the baseline the same non-speculative target as for ``weighted``.
 
 Writes to ``--out``: ``lossless.json`` (settings, per-position and transition tests, accept lengths, timings),
 ``lossless.md`` (the table), ``tokens.npz`` (every sequence and seed), ``server-<name>.log``.
@@ -71,19 +78,29 @@ LABELS = {
     "detspec": "DETSPEC_EAGLE vs non-speculative",
     "control": "accept-all-drafts control vs non-speculative",
 }
-#: The pairs this check serves: the weighted tiny pair (DETSPEC_EAGLE) and the reduced-vocabulary EAGLE3 pair.
-PAIRS = ("weighted", "qwen3_eagle3")
+#: The pairs this check serves: the weighted tiny pair (DETSPEC_EAGLE), the reduced-vocabulary EAGLE3 pair, and the
+#: weighted pair's EAGLE draft reduced by a token map.
+PAIRS = ("weighted", "qwen3_eagle3", "weighted_token_map")
+TOKEN_MAP_PAIR = "weighted_token_map"
+#: The opt-in the token-map servers need (``integration.setup.server_args.REDUCED_VOCAB_ENV``; not imported: that
+#: module needs SGLang, and --help must not).
+REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
 
 
 def pair_algorithm(pair: str) -> str:
     return "DETSPEC_EAGLE3" if pair == "qwen3_eagle3" else "DETSPEC_EAGLE"
 
 
+def served_pair(pair: str) -> str:
+    """The model pair ``pair`` serves (``tiny_servers.common_args``' name): the token map reduces the weighted pair."""
+    return "weighted" if pair == TOKEN_MAP_PAIR else pair
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="lossless_check.py",
         description="Two-sample chi-square lossless check of DETSPEC_EAGLE against a non-speculative server "
-        "(and an accept-all-drafts control that must fail), on the weighted tiny pair. Needs a CUDA GPU and sglang.",
+        "(and an accept-all-drafts control that must fail), on a tiny pair (--pair). Needs a CUDA GPU and sglang.",
         epilog="example: python scripts/lossless_check.py --out /tmp/lossless   (about 4 minutes on an H200)",
     )
     ap.add_argument("--out", type=Path, required=True, help="directory for lossless.json, lossless.md, tokens.npz, logs")
@@ -100,7 +117,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                     help="baseline seeds N+1..2N (independent samples, default) or 1..N like detspec (paired)")
     ap.add_argument("--pair", choices=PAIRS, default="weighted",
                     help="weighted: the tiny pair with DETSPEC_EAGLE (default); qwen3_eagle3: a Qwen3 target with a "
-                    "reduced-vocabulary EAGLE3 draft under DETSPEC_EAGLE3")
+                    "reduced-vocabulary EAGLE3 draft under DETSPEC_EAGLE3; weighted_token_map: the weighted pair's "
+                    "EAGLE draft reduced to 512 hot tokens by --speculative-token-map, DETSPEC_EAGLE with "
+                    f"{REDUCED_VOCAB_ENV}=1")
     ap.add_argument("--models-root", type=Path, default=None,
                     help="tiny-model cache root (default $DETSPEC_TINY_MODELS_ROOT, else the user cache)")
     ap.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for each server (default 420)")
@@ -249,33 +268,46 @@ def with_flag(argv: List[str], flag: str, value: str) -> List[str]:
     return argv if at else argv + [flag, value]
 
 
-def server_specs(target, draft, args) -> Dict[str, server_process.ServerSpec]:
-    """The three configurations (module docstring) of ``args.pair``, built from the E2E servers' common arguments."""
+def server_specs(target, draft, args, token_map: Optional[Path] = None) -> Dict[str, server_process.ServerSpec]:
+    """The three configurations (module docstring) of ``args.pair``, built from the E2E servers' common arguments;
+    ``token_map``: the ``--speculative-token-map`` file, given exactly for ``--pair weighted_token_map``."""
     pair = getattr(args, "pair", "weighted")
-    base = with_flag(tiny_servers.common_args(target, pair), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
+    if (pair == TOKEN_MAP_PAIR) != (token_map is not None):
+        raise ValueError(f"--pair {pair}: a token map is given for --pair {TOKEN_MAP_PAIR} and only for it "
+                         f"(got {token_map!r})")
+    base = with_flag(tiny_servers.common_args(target, served_pair(pair)), GRAPH_BS_FLAG, str(args.cuda_graph_max_bs))
     base = with_flag(base, RUNNING_FLAG, str(args.concurrency))
     det = ["--enable-deterministic-inference"]
     detspec = base + tiny_servers.eagle_args(draft, pair_algorithm(pair), deterministic=True)
+    env = {}
+    if token_map is not None:
+        detspec += ["--speculative-token-map", str(token_map)]
+        env[REDUCED_VOCAB_ENV] = "1"
     control_path = os.pathsep.join([str(CONTROL_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
     spec = server_process.ServerSpec
     return {
-        "detspec": spec("detspec", detspec),
+        "detspec": spec("detspec", detspec, env=dict(env)),
         "baseline": spec("baseline", base + det),
-        "control": spec("control", detspec, env={"PYTHONPATH": control_path}),
+        "control": spec("control", detspec, env=dict(env, PYTHONPATH=control_path)),
     }
 
 
 def pair_models(pair: str, root: Optional[Path]) -> tuple:
-    """``(target, draft)`` directories of ``pair``, built once and cached."""
+    """``(target, draft, token map or None)`` of ``pair``, built once and cached."""
     if pair == "qwen3_eagle3":
         from sglang_detspec.models.family_pairs import ensure_family_pair
 
         built = ensure_family_pair(root, pair)
-        return built.target, built.draft
+        return built.target, built.draft, None
     from sglang_detspec.models.tiny_models import ensure_tiny_models
 
     models = ensure_tiny_models(root, pair="weighted")
-    return models.target, models.eagle_draft
+    token_map = None
+    if pair == TOKEN_MAP_PAIR:
+        from sglang_detspec.models.token_map import ensure_weighted_token_map
+
+        token_map = ensure_weighted_token_map(root)
+    return models.target, models.eagle_draft, token_map
 
 
 class Progress:
@@ -337,7 +369,8 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     env_root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
     root = args.models_root or (Path(env_root) if env_root else None)
-    specs = server_specs(*pair_models(args.pair, root), args)
+    target, draft, token_map = pair_models(args.pair, root)
+    specs = server_specs(target, draft, args, token_map=token_map)
     servers, port = {}, 32000  # apart from the E2E tests' 31000+
     t_start = time.time()
     try:

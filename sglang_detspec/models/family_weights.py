@@ -58,7 +58,7 @@ from sglang_detspec.models.tiny_weights import (
 )
 
 __all__ = ["FAMILY_SEEDS", "FREQUENT_OFFSET", "FREQUENT_LOGIT_BONUS", "MTP_HIDDEN_GAIN", "generate_family_weights",
-           "hot_token_ids", "bigram_next_token_probs", "float32_tensors"]
+           "hot_token_ids", "tokens_by_frequency", "bigram_next_token_probs", "float32_tensors"]
 
 #: Recipe seed of each pair (the weighted tiny pair's is ``tiny_weights.DEFAULT_RECIPE.seed``).
 FAMILY_SEEDS = {"qwen3_eagle3": 20270101, "qwen3_moe": 20270102, "deepseek_mtp": 20270103}
@@ -148,7 +148,7 @@ def _qwen3_eagle3(configs: Dict[str, dict], recipe: WeightRecipe) -> Dict[str, A
 
 
 def bigram_next_token_probs(cfg: dict, w: Arrays) -> np.ndarray:
-    """``P[a, b]``: the Qwen3 target's probability of token ``b`` after the one-token context ``a`` (float64).
+    """``P[a, b]``: a Qwen3 or Llama target's probability of token ``b`` after the one-token context ``a`` (float64).
 
     At one position attention attends to that position only, so each head's output is its key/value head's value
     (q/k, their norms and RoPE drop out): a layer is ``x += o_proj(expand(v_proj(norm(x))))``, then the MLP.
@@ -173,16 +173,21 @@ def bigram_next_token_probs(cfg: dict, w: Arrays) -> np.ndarray:
     return probs / probs.sum(-1, keepdims=True)
 
 
-def hot_token_ids(cfg: dict, w: Arrays, size: int) -> np.ndarray:
-    """The ``size`` most frequent tokens of the target's bigram chain (its stationary distribution, by power
-    iteration from uniform), as sorted int64 ids. Frequencies are rounded to 12 decimals and ties go to the lower
-    id, so last-bit differences between BLAS builds cannot reorder the selection."""
+def tokens_by_frequency(cfg: dict, w: Arrays) -> np.ndarray:
+    """Every token id, most frequent first in the target's bigram chain (its stationary distribution, by power
+    iteration from uniform), as int64. Frequencies are rounded to 12 decimals and ties go to the lower id, so
+    last-bit differences between BLAS builds cannot reorder the ranking."""
     probs = bigram_next_token_probs(cfg, w)
     pi = np.full(len(probs), 1.0 / len(probs))
     for _ in range(200):
         pi = pi @ probs
-    order = np.argsort(-np.round(pi, 12), kind="stable")
-    return np.sort(order[:size]).astype(np.int64)
+    return np.argsort(-np.round(pi, 12), kind="stable").astype(np.int64)
+
+
+def hot_token_ids(cfg: dict, w: Arrays, size: int) -> np.ndarray:
+    """The ``size`` most frequent tokens of the target's bigram chain (:func:`tokens_by_frequency`), as sorted int64
+    ids."""
+    return np.sort(tokens_by_frequency(cfg, w)[:size])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -190,6 +190,48 @@ def test_reduced_vocab_pair_configurations(monkeypatch):
     assert all("SGLANG_DETSPEC_REDUCED_VOCAB" not in spec.env for spec in specs.values())
 
 
+def test_token_map_pair_configurations(monkeypatch):
+    """--pair weighted_token_map: DETSPEC_EAGLE on the weighted pair's EAGLE draft with --speculative-token-map and the
+    opt-in, in the product and the control only; the baseline is the plain weighted target."""
+    monkeypatch.setenv("PYTHONPATH", "/already/there")
+    args = lc.parse_args(["--out", "x", "--pair", "weighted_token_map"])
+    specs = lc.server_specs(Path("/m/target"), Path("/m/eagle"), args, token_map=Path("/m/hot.pt"))
+    detspec, baseline, control = specs["detspec"].args, specs["baseline"].args, specs["control"].args
+    assert detspec[detspec.index("--speculative-algorithm") + 1] == "DETSPEC_EAGLE"
+    assert detspec[detspec.index("--speculative-draft-model-path") + 1] == "/m/eagle"
+    assert detspec.count("--speculative-token-map") == 1
+    assert detspec[detspec.index("--speculative-token-map") + 1] == "/m/hot.pt"
+    assert "--load-format" not in detspec, "the weighted pair loads its safetensors, not dummy weights"
+    assert baseline[baseline.index("--model-path") + 1] == "/m/target" == detspec[detspec.index("--model-path") + 1]
+    assert not [a for a in baseline if a.startswith("--speculative")]
+    assert control == detspec
+    assert specs["detspec"].env == {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}
+    assert specs["control"].env["SGLANG_DETSPEC_REDUCED_VOCAB"] == "1"
+    assert specs["control"].env["PYTHONPATH"].split(":") == [str(CONTROL), "/already/there"]
+    assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in specs["baseline"].env
+
+
+def test_a_token_map_goes_with_the_token_map_pair_only():
+    with pytest.raises(ValueError, match="--pair weighted_token_map"):
+        lc.server_specs(Path("/m/target"), Path("/m/eagle"), lc.parse_args(["--out", "x", "--pair", "weighted_token_map"]))
+    with pytest.raises(ValueError, match="only for it"):
+        lc.server_specs(Path("/m/target"), Path("/m/eagle"), lc.parse_args(["--out", "x"]), token_map=Path("/m/hot.pt"))
+
+
+def test_token_map_pair_builds_the_weighted_token_map(monkeypatch, tmp_path):
+    import torch
+
+    import sglang_detspec.models.tiny_models as tiny_models
+
+    monkeypatch.setattr(tiny_models, "ensure_tiny_models", lambda root, pair: _models())
+    target, draft, token_map = lc.pair_models("weighted_token_map", tmp_path)
+    assert (target, draft) == (Path("/m/target"), Path("/m/eagle"))
+    assert token_map.is_file() and tmp_path in token_map.parents
+    ids = torch.load(str(token_map), weights_only=True)
+    assert len(ids) == 512 == len(set(ids))
+    assert lc.pair_models("weighted", tmp_path)[2] is None
+
+
 def test_with_flag_replaces_or_appends():
     assert lc.with_flag(["--a", "1", "--b", "2"], "--a", "9") == ["--a", "9", "--b", "2"]
     assert lc.with_flag(["--b", "2"], "--a", "9") == ["--b", "2", "--a", "9"]

@@ -1,0 +1,98 @@
+"""CPU tests of what tests/e2e/test_e2e_token_map.py relies on before it reaches a GPU: its servers' specs, resolved by
+SGLang's own parser and resolution (with the plugin loaded) to what each is meant to run, and the two DETSPEC refusals
+raised there with exactly the text the GPU test looks for in the server logs. The upstream refusal (rejection
+sampling with a token map) happens in the draft worker, which needs a GPU; here its text is checked against the
+installed SGLang's source."""
+
+import argparse
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import test_e2e_token_map as e2e
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The module's specs over models and a token map built under a temporary root."""
+    root = tmp_path_factory.mktemp("token-map-e2e")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DETSPEC_TINY_MODELS_ROOT", str(root))
+        return root, e2e._specs()
+
+
+def _resolve(spec, monkeypatch):
+    from sglang_detspec.plugin import load_plugin
+
+    load_plugin()
+    from sglang.srt.server_args import ServerArgs
+
+    for key, value in spec.env.items():
+        monkeypatch.setenv(key, value)
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    sa = ServerArgs.from_cli_args(parser.parse_args(spec.args + ["--device", "cuda"]))
+    if hasattr(sa, "resolve_once"):  # 0.5.23; 0.5.17 resolved in __post_init__
+        sa.resolve_once()
+    return sa
+
+
+def test_the_module_serves_two_and_refuses_three(built):
+    _, specs = built
+    assert set(e2e.SERVING) == {n for n, s in specs.items() if not s.expect_exit}
+    assert set(e2e.REFUSAL_NEEDLES) == {n for n, s in specs.items() if s.expect_exit}
+    for spec in specs.values():
+        assert spec.args.count("--speculative-token-map") == 1
+
+
+@pytest.mark.parametrize("name", e2e.SERVING)
+def test_served_specs_resolve_to_detspec_eagle_with_the_token_map(built, name, monkeypatch):
+    pytest.importorskip("sglang")
+    from sglang_detspec.integration import compat
+    from sglang_detspec.models.tiny_models import ensure_tiny_models
+    from sglang_detspec.models.token_map import ensure_weighted_token_map
+
+    root, specs = built
+    sa = _resolve(specs[name], monkeypatch)
+    read = lambda f: compat.read_field(sa, f, None)  # noqa: E731
+    models = ensure_tiny_models(root, pair="weighted")
+    assert read("speculative_algorithm") == "DETSPEC_EAGLE"
+    assert read("enable_deterministic_inference") is True
+    assert Path(read("model_path")) == models.target
+    assert Path(read("speculative_draft_model_path")) == models.eagle_draft
+    assert Path(read("speculative_token_map")) == ensure_weighted_token_map(root)
+    assert (read("cuda_graph_backend_decode") == "disabled") is (name == "token_map_nograph")
+    assert specs[name].env == {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}
+
+
+@pytest.mark.parametrize("name", ["token_map_no_opt_in", "token_map_invariant"])
+def test_refused_specs_raise_the_text_the_gpu_test_looks_for(built, name, monkeypatch):
+    pytest.importorskip("sglang")
+    from sglang_detspec.integration.setup.refusals import DetspecConfigError
+
+    spec = built[1][name]
+    with pytest.raises(DetspecConfigError) as e:
+        _resolve(spec, monkeypatch)
+    for needle in e2e.REFUSAL_NEEDLES[name]:
+        assert needle in str(e.value), (needle, str(e.value))
+
+
+def test_the_refusals_are_the_opt_in_and_the_invariant_mode_not_the_files_path(built, monkeypatch):
+    """Control: the no-opt-in spec resolves once opted in, so its refusal is the opt-in's."""
+    pytest.importorskip("sglang")
+    spec = built[1]["token_map_no_opt_in"]
+    _resolve(type(spec)(spec.name, spec.args, env={"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}), monkeypatch)
+
+
+def test_upstream_rejection_sampling_refusal_text_is_the_installed_sglangs(built, monkeypatch):
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative import eagle_worker_v2
+
+    spec = built[1]["token_map_builtin_eagle_rs"]
+    sa = _resolve(spec, monkeypatch)  # upstream's argument resolution lets it through; its draft worker refuses
+    assert sa.speculative_algorithm == "EAGLE" and sa.speculative_use_rejection_sampling is True
+    source = re.sub(r'"\s*\n\s*f?"', "", inspect.getsource(eagle_worker_v2))  # join implicitly concatenated literals
+    needle, sizes = e2e.REFUSAL_NEEDLES["token_map_builtin_eagle_rs"]
+    assert needle in source
+    assert "({draft_vocab_size}) != target vocab ({target_vocab_size})" in source and sizes == "(512) != target vocab (1024)"
