@@ -1,0 +1,28 @@
+"""CPU tests of how tests/e2e/test_e2e_rollouts.py places streamed chat logprobs against the non-streamed ones
+(``_runs_in_order``): upstream streams no event for a step with no text, so runs may be missing, never altered."""
+
+import test_e2e_rollouts as e2e
+
+PLAIN = ("a", "b", "c", "d", "e", "f")
+
+
+def test_every_step_streamed_leaves_nothing_out():
+    assert e2e._runs_in_order((("a", "b"), ("c",), ("d", "e", "f")), PLAIN) == 0
+
+
+def test_steps_left_out_at_the_start_middle_and_end_are_counted():
+    assert e2e._runs_in_order((("c", "d"),), PLAIN) == 4
+    assert e2e._runs_in_order((("a",), ("d", "e")), PLAIN) == 3
+
+
+def test_a_changed_value_is_caught():
+    assert e2e._runs_in_order((("a", "b"), ("c", "x")), PLAIN) == -1
+
+
+def test_runs_out_of_order_or_repeated_are_caught():
+    assert e2e._runs_in_order((("d",), ("b",)), PLAIN) == -1
+    assert e2e._runs_in_order((("b",), ("b",)), PLAIN) == -1
+
+
+def test_a_run_straddling_a_gap_is_caught():
+    assert e2e._runs_in_order((("b", "d"),), PLAIN) == -1
