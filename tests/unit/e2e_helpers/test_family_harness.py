@@ -10,7 +10,6 @@ import pytest
 
 import e2e_harness as h
 import family_harness as fh
-from e2e_harness import ServerSpec
 
 # ---------------------------------------------------------------------------------------------------
 # Names
