@@ -275,7 +275,7 @@ def check_draft_vocab(
     Each was verified on an H100 (one output per seed, graphs on == off; lossless at N = 10,000 for the
     rejection-sampling paths, the invariant mode equal to the non-speculative reference over 100 seeds). Refused:
     any reduced draft with multi-layer EAGLE (SGLang's multi-layer worker has no hot map), a token map under an
-    ``_INVARIANT`` algorithm (never run on a GPU), and under the EAGLE twins a reduced draft that is not a token map
+    ``_INVARIANT`` algorithm (never run on a GPU), and under the EAGLE twin a reduced draft that is not a token map
     (a config's own ``draft_vocab_size``, which only the EAGLE3 twins map).
     """
     if draft_vocab_size is None or target_vocab_size is None:
