@@ -29,15 +29,15 @@ request failed.
 
 ``--pair qwen3_eagle3`` (issue 33, item 1) runs the same three roles on the Qwen3 target with its reduced-vocabulary
 EAGLE3 draft (256 hot tokens of 1024, a ``d2t`` map; ``models.family_pairs``): ``detspec`` and ``control`` are
-DETSPEC_EAGLE3 as users serve it (no opt-in: this check passed on an H100 at N = 10,000, docs/results.md), so the
+DETSPEC_EAGLE3 as users serve it (no environment variable: this check passed on an H100 at N = 10,000, docs/results.md), so the
 verify under test reads the reduced q through the hot map; the control's accept-all sitecustomize wraps that same
 verify.
 
 ``--pair weighted_token_map`` (issue 33, item 1) runs them on the weighted tiny pair with a reduced draft vocabulary
 given by ``--speculative-token-map`` (``models.token_map``: the target's 512 most frequent tokens of 1024, most
 frequent first; SGLang keeps those rows of the EAGLE draft's LM head): ``detspec`` and ``control`` are DETSPEC_EAGLE
-with the token map and ``SGLANG_DETSPEC_REDUCED_VOCAB=1`` (the opt-in that path needs until a GPU run verifies it),
-the baseline the same non-speculative target as for ``weighted``.
+with the token map as users serve it (no environment variable: this check passed on an H100 at N = 10,000,
+docs/results.md), the baseline the same non-speculative target as for ``weighted``.
 
 Writes to ``--out``: ``lossless.json`` (settings, per-position and transition tests, accept lengths, timings),
 ``lossless.md`` (the table), ``tokens.npz`` (every sequence and seed), ``server-<name>.log``.
@@ -82,9 +82,6 @@ LABELS = {
 #: weighted pair's EAGLE draft reduced by a token map.
 PAIRS = ("weighted", "qwen3_eagle3", "weighted_token_map")
 TOKEN_MAP_PAIR = "weighted_token_map"
-#: The opt-in the token-map servers need (``integration.setup.server_args.REDUCED_VOCAB_ENV``; not imported: that
-#: module needs SGLang, and --help must not).
-REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
 
 
 def pair_algorithm(pair: str) -> str:
@@ -118,8 +115,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--pair", choices=PAIRS, default="weighted",
                     help="weighted: the tiny pair with DETSPEC_EAGLE (default); qwen3_eagle3: a Qwen3 target with a "
                     "reduced-vocabulary EAGLE3 draft under DETSPEC_EAGLE3; weighted_token_map: the weighted pair's "
-                    "EAGLE draft reduced to 512 hot tokens by --speculative-token-map, DETSPEC_EAGLE with "
-                    f"{REDUCED_VOCAB_ENV}=1")
+                    "EAGLE draft reduced to 512 hot tokens by --speculative-token-map under DETSPEC_EAGLE")
     ap.add_argument("--models-root", type=Path, default=None,
                     help="tiny-model cache root (default $DETSPEC_TINY_MODELS_ROOT, else the user cache)")
     ap.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for each server (default 420)")
@@ -279,16 +275,14 @@ def server_specs(target, draft, args, token_map: Optional[Path] = None) -> Dict[
     base = with_flag(base, RUNNING_FLAG, str(args.concurrency))
     det = ["--enable-deterministic-inference"]
     detspec = base + tiny_servers.eagle_args(draft, pair_algorithm(pair), deterministic=True)
-    env = {}
     if token_map is not None:
         detspec += ["--speculative-token-map", str(token_map)]
-        env[REDUCED_VOCAB_ENV] = "1"
     control_path = os.pathsep.join([str(CONTROL_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
     spec = server_process.ServerSpec
     return {
-        "detspec": spec("detspec", detspec, env=dict(env)),
+        "detspec": spec("detspec", detspec),
         "baseline": spec("baseline", base + det),
-        "control": spec("control", detspec, env=dict(env, PYTHONPATH=control_path)),
+        "control": spec("control", detspec, env={"PYTHONPATH": control_path}),
     }
 
 

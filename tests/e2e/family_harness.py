@@ -25,9 +25,8 @@ from e2e_harness import (
     post_json,
 )
 
-#: The pairs served end to end here. ``qwen3_eagle3`` (reduced-vocabulary EAGLE3 draft) is served by
-#: tests/e2e/test_e2e_reduced_vocab.py; here only its invariant mode's start-up refusal without the opt-in
-#: (:data:`REFUSED`).
+#: The pairs served end to end here. ``qwen3_eagle3`` (reduced-vocabulary EAGLE3 draft) is served, under DETSPEC_EAGLE3
+#: and DETSPEC_EAGLE3_INVARIANT, by tests/e2e/test_e2e_reduced_vocab.py, not here.
 E2E_PAIRS = ("qwen3_moe", "deepseek_mtp")
 #: The builtin algorithm a user serves each pair's draft with: an EAGLE draft with EAGLE, DeepSeek's own MTP layer
 #: with NEXTN (SGLang resolves NEXTN to EAGLE; the plugin's twin of both is DETSPEC_EAGLE).
@@ -39,9 +38,9 @@ INVARIANT = "DETSPEC_EAGLE_INVARIANT"
 #: determinism), the non-speculative token-id reference and the invariant mode with graphs on / off.
 ROLES = ("detspec_graph", "detspec_nograph", "builtin_rs", "nonspec_token_id", "invariant_graph", "invariant_nograph")
 #: Configurations expected to be refused at start-up: (pair, role).
-REFUSED = (("qwen3_eagle3", "invariant_eagle3"), ("deepseek_mtp", "detspec_flashinfer"))
+REFUSED = (("deepseek_mtp", "detspec_flashinfer"),)
 _PREFIX = "family_"
-_ALL_PAIRS = ("qwen3_eagle3", "qwen3_moe", "deepseek_mtp")  # longest-match order does not matter: no pair prefixes another
+_ALL_PAIRS = ("qwen3_moe", "deepseek_mtp")  # longest-match order does not matter: no pair prefixes another
 
 
 def server_name(pair: str, role: str) -> str:
@@ -90,9 +89,6 @@ def _pair_specs(pair: str, target: Path, draft: Path) -> Dict[str, ServerSpec]:
     if pair == "deepseek_mtp":
         # SGLang's deterministic mode allows DeepSeek models only the fa3 / fa4 / triton attention backends.
         specs["detspec_flashinfer"] = ServerSpec("", detspec + ["--attention-backend", "flashinfer"], expect_exit=True)
-    if pair == "qwen3_eagle3":
-        specs["invariant_eagle3"] = ServerSpec(
-            "", base + eagle_args(draft, "DETSPEC_EAGLE3_INVARIANT", deterministic=True), expect_exit=True)
     return specs
 
 

@@ -1,5 +1,5 @@
 """End to end: DETSPEC_EAGLE with a ``--speculative-token-map`` (a reduced draft vocabulary, issue 33, item 1),
-opted in with ``SGLANG_DETSPEC_REDUCED_VOCAB=1``.
+served without any environment variable.
 
 The weighted tiny pair's EAGLE draft served with the token map of :mod:`sglang_detspec.models.token_map` (the
 target's 512 most frequent tokens of 1,024, most frequent first): SGLang loads the file and keeps only those rows of
@@ -8,9 +8,10 @@ q through the same map. CUDA graphs on and off:
 
 * ``check --traffic uniform,mixed`` gives one probe output per profile, the same tokens with graphs on and off, and
   an accept length above 1 (drafts read through the map are accepted: a draft index taken for a target id would
-  propose tokens the target rarely emits); the log says a reduced draft of 512 of 1024 tokens is served;
-* controls, refused at start-up: the same server without the opt-in (the message names the flag and the opt-in), and
-  DETSPEC_EAGLE_INVARIANT with the token map even opted in (its race over a token map has not run on a GPU).
+  propose tokens the target rarely emits); the log says a reduced draft of 512 of 1024 tokens is served through the
+  token map, with no warning that it is unverified (H100, 0.5.17: 9 passed, accept length 2.46);
+* control, refused at start-up: DETSPEC_EAGLE_INVARIANT with the token map (its race over a token map has never run
+  on a GPU; the message names DETSPEC_EAGLE with the map, or the invariant mode without it).
 
 Upstream built-in EAGLE with ``--speculative-use-rejection-sampling`` does not serve a token map (0.5.17 - 0.5.23:
 ``EAGLEWorkerV2`` refuses rejection sampling when the draft's vocabulary differs from the target's, "FIXME: support
@@ -36,21 +37,19 @@ register_cuda_ci(est_time=300, suite="detspec-e2e")
 pytestmark = h.module_marks()
 
 PAIR = "weighted"
-OPT_IN_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
 SEED = 1234
 TRIALS = 8
 TRAFFIC = "uniform,mixed"
 SERVING = ("token_map_graph", "token_map_nograph")
-REDUCED_LOG = "serving a reduced-vocabulary draft (512 of 1024 target tokens)"
-NOT_VERIFIED_LOG = "a --speculative-token-map under DETSPEC_EAGLE is NOT YET GPU-verified"
-#: What each refused server's log must say (tests/unit/e2e_helpers/test_e2e_token_map_specs.py checks the first two
-#: against the refusals SGLang's resolution raises on CPU).
+#: The draft worker's info line (integration/setup/server_args.py ``check_draft_vocab``).
+REDUCED_LOG = ("DETSPEC_EAGLE: serving a reduced-vocabulary draft (512 of 1024 target tokens): proposals keyed by "
+               "target id through the --speculative-token-map")
+#: What each refused server's log must say (tests/unit/e2e_helpers/test_e2e_token_map_specs.py checks the first
+#: against the refusal SGLang's resolution raises on CPU).
 REFUSAL_NEEDLES = {
-    "token_map_no_opt_in": ("--speculative-algorithm DETSPEC_EAGLE cannot be used with --speculative-token-map",
-                            f"{OPT_IN_ENV}=1"),
     "token_map_invariant": (
         "--speculative-algorithm DETSPEC_EAGLE_INVARIANT cannot be used with --speculative-token-map",
-        f"{OPT_IN_ENV}=1 (not with an _INVARIANT algorithm)"),
+        "with an _INVARIANT algorithm", "Use --speculative-algorithm DETSPEC_EAGLE with the map"),
     # EAGLEWorkerV2.__init__ after loading the map (0.5.17 - 0.5.23).
     "token_map_builtin_eagle_rs": ("requires the draft and target to share one vocab", "(512) != target vocab (1024)"),
 }
@@ -69,13 +68,11 @@ def _specs():
     invariant = (base + h.eagle_args(models.eagle_draft, "DETSPEC_EAGLE_INVARIANT", deterministic=True) + token_map
                  + h.INVARIANT_ARGS)
     upstream_rs = base + h.eagle_args(models.eagle_draft, "EAGLE", rejection_sampling=True) + token_map
-    opt_in, no_opt_in = {OPT_IN_ENV: "1"}, {OPT_IN_ENV: "0"}  # explicit, whatever the caller's environment holds
     spec = server_process.ServerSpec
     specs = [
-        spec("token_map_graph", detspec, env=dict(opt_in)),
-        spec("token_map_nograph", detspec + h.GRAPHS_OFF, env=dict(opt_in)),
-        spec("token_map_no_opt_in", detspec, expect_exit=True, env=dict(no_opt_in)),
-        spec("token_map_invariant", invariant, expect_exit=True, env=dict(opt_in)),
+        spec("token_map_graph", detspec),
+        spec("token_map_nograph", detspec + h.GRAPHS_OFF),
+        spec("token_map_invariant", invariant, expect_exit=True),
         spec("token_map_builtin_eagle_rs", upstream_rs, expect_exit=True),
     ]
     return {s.name: s for s in specs}
@@ -144,22 +141,13 @@ def test_graphs_on_and_off_give_the_same_tokens(checks):
 
 
 @pytest.mark.parametrize("name", SERVING)
-def test_the_log_says_a_reduced_draft_is_served(pool, checks, name):
+def test_the_log_says_a_reduced_draft_is_served_without_a_warning(pool, checks, name):
     log = pool.get(name).log_text()
     assert REDUCED_LOG in log, pool.get(name).log_tail(40)
+    assert "NOT YET GPU-verified" not in log, pool.get(name).log_tail(40)
 
 
-def test_the_opted_in_token_map_warns_it_is_not_gpu_verified(pool, checks):
-    # Drop this test when the opt-in is lifted (the warning goes with it).
-    log = pool.get("token_map_graph").log_text()
-    assert NOT_VERIFIED_LOG in log, pool.get("token_map_graph").log_tail(40)
-
-
-def test_the_token_map_without_the_opt_in_is_refused_at_start_up(pool):
-    _assert_refused(pool, "token_map_no_opt_in")
-
-
-def test_the_invariant_mode_with_a_token_map_is_refused_even_opted_in(pool):
+def test_the_invariant_mode_with_a_token_map_is_refused(pool):
     _assert_refused(pool, "token_map_invariant")
 
 

@@ -97,13 +97,13 @@ REFUSALS: Dict[str, Refusal] = {
         "rejection sampling ignores accept thresholds",
         "Leave --speculative-accept-threshold-single and --speculative-accept-threshold-acc at 1.0.",
     ),
-    "token_map": Refusal(
-        "--speculative-token-map {token_map}",
-        "a token map makes the draft's vocabulary a reduced (hot-token) one; DETSPEC_EAGLE serves that only opted in "
-        "(SGLANG_DETSPEC_REDUCED_VOCAB=1: an EAGLE3 draft's hot-token map is GPU-verified, a token map not yet) and "
-        "never in the invariant mode, whose hot-token race has not run on a GPU",
-        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 (not with an _INVARIANT algorithm), or drop the token map (use the full "
-        "vocabulary), or use --speculative-algorithm {twin} (not reproducible).",
+    "token_map_invariant": Refusal(
+        "--speculative-token-map {token_map} with an _INVARIANT algorithm",
+        "the invariant mode's race over a token map's reduced (hot-token) vocabulary has never run on a GPU, so its "
+        "identity with the non-speculative server is unmeasured (the invariant mode serves an EAGLE3 draft's own "
+        "hot-token map, DETSPEC_EAGLE serves a token map)",
+        "Use --speculative-algorithm DETSPEC_EAGLE with the map (reproducible per seed, lossless), or {name} "
+        "without the map (a full-vocabulary draft).",
     ),
     "token_map_multi_layer": Refusal(
         "--speculative-token-map {token_map} with multi-layer EAGLE",
@@ -157,19 +157,20 @@ REFUSALS: Dict[str, Refusal] = {
     ),
     "draft_vocab": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "a reduced (hot-token) vocabulary outside an EAGLE3 draft (a --speculative-token-map under DETSPEC_EAGLE) is "
-        "off by default: it has not yet run on a GPU",
-        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in, or use an EAGLE3 draft with "
-        "DETSPEC_EAGLE3, or a draft with the target's full vocabulary, or --speculative-algorithm {twin} (not "
-        "reproducible).",
+        "{name} maps a reduced (hot-token) draft vocabulary into the target's only through --speculative-token-map; "
+        "a draft whose config declares its own draft_vocab_size (an EAGLE3-style hot-token draft) is mapped by the "
+        "EAGLE3 algorithms only, so its proposals would be draft indices read as target ids",
+        "Use --speculative-algorithm DETSPEC_EAGLE3 for an EAGLE3 draft, or a draft with the target's full "
+        "vocabulary (with or without --speculative-token-map), or --speculative-algorithm {twin} (not reproducible).",
     ),
     "draft_vocab_invariant": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size})",
-        "the invariant mode's race over a hot-token map (each draft column raced under its target id's noise) is off "
-        "by default: it has not run on a GPU yet, so its identity with the non-speculative server is unmeasured",
-        "Set SGLANG_DETSPEC_REDUCED_VOCAB=1 in the server's environment to opt in (an EAGLE3 draft's hot map only), "
-        "or use --speculative-algorithm DETSPEC_EAGLE3 (reproducible per seed, lossless), or a draft with the "
-        "target's full vocabulary.",
+        "the invariant mode races a reduced (hot-token) vocabulary only for an EAGLE3 draft's own hot-token map "
+        "(DETSPEC_EAGLE3_INVARIANT); a token map or a draft config's own draft_vocab_size under {name} has never run "
+        "on a GPU",
+        "Use --speculative-algorithm DETSPEC_EAGLE3_INVARIANT for an EAGLE3 draft, or a draft with the target's "
+        "full vocabulary and no token map, or --speculative-algorithm DETSPEC_EAGLE (reproducible per seed, "
+        "lossless) for a token map.",
     ),
     "draft_vocab_multi_layer": Refusal(
         "a draft vocabulary of {draft_vocab_size} tokens (target: {target_vocab_size}) and multi-layer EAGLE",

@@ -115,20 +115,21 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_NUM_STEPS",
     "around_resolution",
-    "REDUCED_VOCAB_ENV",
+    "RETIRED_REDUCED_VOCAB_ENV",
     "check_draft_vocab",
     "install_resolution_hook",
     "requested_detspec_algorithm",
     "resolution_hook_active",
+    "warn_retired_reduced_vocab_env",
 ]
 
 #: Draft steps when neither --speculative-num-steps nor --speculative-num-draft-tokens is given: upstream's
 #: own choice for every topk-1 configuration (``_auto_choose_speculative_params`` returns (3, 1, 4)).
 DEFAULT_NUM_STEPS = 3
 
-#: The opt-in that lifts the ``draft_vocab`` refusal for DETSPEC_EAGLE3 (a reduced-vocabulary EAGLE-3 draft) until
-#: the GPU runs verify that path; read in the launcher and again in the scheduler process (the worker's check).
-REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
+#: A retired opt-in: reduced-vocabulary drafts are served without it. Set, it changes nothing; the launcher warns once
+#: (:func:`warn_retired_reduced_vocab_env`) so a deployment that still sets it learns it may drop it.
+RETIRED_REDUCED_VOCAB_ENV = "SGLANG_DETSPEC_REDUCED_VOCAB"
 
 
 def requested_detspec_algorithm(server_args: Any) -> Optional[str]:
@@ -170,10 +171,11 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
         if value is not None and float(value) != 1.0:
             raise refuse("accept_threshold", name, field=field.replace("_", "-"), value=value)
     token_map = _flag(server_args, "speculative_token_map")
-    if token_map is not None and (scheme.scheme_for_algorithm(name) == scheme.COUPLED or not reduced_vocab_opted_in()):
-        # A token map is a reduced draft vocabulary (SGLang slices the draft's LM head to the hot ids), served
-        # through the same hot-vocabulary path as an EAGLE3 d2t map; the draft worker runs check_draft_vocab.
-        raise refuse("token_map", name, token_map=token_map)
+    if token_map is not None and scheme.scheme_for_algorithm(name) == scheme.COUPLED:
+        # A token map is a reduced draft vocabulary (SGLang slices the draft's LM head to the hot ids), served by
+        # DETSPEC_EAGLE through the same hot-vocabulary path as an EAGLE3 d2t map (the draft worker runs
+        # check_draft_vocab); the invariant mode's race over it has never run on a GPU.
+        raise refuse("token_map_invariant", name, token_map=token_map)
     if _flag(server_args, "speculative_use_block_verification", False):
         raise refuse("block_verification", name)
     if _flag(server_args, "enable_watermark", False):
@@ -244,9 +246,12 @@ def _chain_defaults(server_args: Any) -> dict:
     return out
 
 
-def reduced_vocab_opted_in() -> bool:
-    """Whether :data:`REDUCED_VOCAB_ENV` is ``1`` (anything else, unset included, keeps the refusal)."""
-    return os.environ.get(REDUCED_VOCAB_ENV, "").strip() == "1"
+def warn_retired_reduced_vocab_env() -> None:
+    """Warn (once per resolution, in the launcher) when :data:`RETIRED_REDUCED_VOCAB_ENV` is set to anything: it no
+    longer changes what is served or refused."""
+    if RETIRED_REDUCED_VOCAB_ENV in os.environ:
+        logger.warning("%s is set but no longer needed and has no effect: reduced-vocabulary drafts are served without "
+                       "it. Unset it.", RETIRED_REDUCED_VOCAB_ENV)
 
 
 def check_draft_vocab(
@@ -256,14 +261,22 @@ def check_draft_vocab(
     *,
     multi_layer: bool = False,
     reduced: Optional[bool] = None,
+    token_map: bool = False,
 ) -> None:
     """Refuse a reduced-vocabulary draft unless DETSPEC can serve it (also called by the draft worker at init).
 
     ``reduced``: whether the draft maps its vocabulary into the target's (a hot-token map: an EAGLE3 ``d2t`` or
-    ``--speculative-token-map``); by default, whether the sizes differ. Multi-layer EAGLE refuses a reduced draft
-    always. DETSPEC_EAGLE3 serves an EAGLE3 draft's hot map (GPU-verified: one output per seed, lossless at
-    N = 10,000). The invariant mode's hot-token race and DETSPEC_EAGLE's token map are served only with
-    :data:`REDUCED_VOCAB_ENV` = ``1``, with a warning, until they have run on a GPU.
+    ``--speculative-token-map``); by default, whether the sizes differ. ``token_map``: the map is a
+    ``--speculative-token-map`` (what an EAGLE-twin worker's hot map always is). Served, with an info line:
+
+    * an EAGLE3 draft's ``d2t`` map under DETSPEC_EAGLE3 and DETSPEC_EAGLE3_INVARIANT;
+    * a token map under DETSPEC_EAGLE.
+
+    Each was verified on an H100 (one output per seed, graphs on == off; lossless at N = 10,000 for the
+    rejection-sampling paths, the invariant mode equal to the non-speculative reference over 100 seeds). Refused:
+    any reduced draft with multi-layer EAGLE (SGLang's multi-layer worker has no hot map), a token map under an
+    ``_INVARIANT`` algorithm (never run on a GPU), and under the EAGLE twin a reduced draft that is not a token map
+    (a config's own ``draft_vocab_size``, which only the EAGLE3 twins map).
     """
     if draft_vocab_size is None or target_vocab_size is None:
         return
@@ -274,30 +287,24 @@ def check_draft_vocab(
     sizes = {"draft_vocab_size": draft_vocab_size, "target_vocab_size": target_vocab_size}
     if multi_layer:
         raise refuse("draft_vocab_multi_layer", name, **sizes)
-    if scheme.scheme_for_algorithm(name) == scheme.COUPLED:
-        if not reduced_vocab_opted_in():
-            raise refuse("draft_vocab_invariant", name, **sizes)
-        _warn_not_gpu_verified(name, draft_vocab_size, target_vocab_size,
-                               "the invariant mode's race over a hot-token map is NOT YET GPU-verified")
-        return
+    invariant = scheme.scheme_for_algorithm(name) == scheme.COUPLED
     twin = DETSPEC_TWINS.get(name)
     if twin == "EAGLE3":
-        logger.info("sglang-detspec: %s: serving a reduced-vocabulary draft (%s of %s target tokens): proposals keyed "
-                    "by target id, the verify reading q through the hot-token map.", name, draft_vocab_size,
-                    target_vocab_size)
+        how = ("each draft column raced under its target id's noise" if invariant
+               else "the verify reading q through the hot-token map")
+        _log_served(name, draft_vocab_size, target_vocab_size, f"the EAGLE3 draft's hot-token map, {how}")
         return
-    if twin != "EAGLE" or not reduced_vocab_opted_in():
+    if invariant:
+        raise refuse("draft_vocab_invariant", name, **sizes)
+    if not token_map:
         raise refuse("draft_vocab", name, **sizes)
-    _warn_not_gpu_verified(name, draft_vocab_size, target_vocab_size,
-                           "a --speculative-token-map under DETSPEC_EAGLE is NOT YET GPU-verified")
+    _log_served(name, draft_vocab_size, target_vocab_size,
+                "the --speculative-token-map, the verify reading q through it")
 
 
-def _warn_not_gpu_verified(name: str, draft_vocab_size: int, target_vocab_size: int, what: str) -> None:
-    logger.warning(
-        "%s: serving a reduced-vocabulary draft (%s of %s target tokens) because %s=1. The EAGLE3 hot-token path is "
-        "GPU-verified (one output per seed, lossless at N = 10,000); %s.",
-        name, draft_vocab_size, target_vocab_size, REDUCED_VOCAB_ENV, what,
-    )
+def _log_served(name: str, draft_vocab_size: int, target_vocab_size: int, how: str) -> None:
+    logger.info("sglang-detspec: %s: serving a reduced-vocabulary draft (%s of %s target tokens): proposals keyed by "
+                "target id through %s.", name, draft_vocab_size, target_vocab_size, how)
 
 
 def _check_resolved(server_args: Any, name: str, twin: str) -> None:
@@ -420,6 +427,7 @@ def around_resolution(original: Any, server_args: Any, *args: Any, **kwargs: Any
         # Not ours; or --model-path dummy, for which SGLang itself skips all speculative handling.
         return original(server_args, *args, **kwargs)
     twin = DETSPEC_TWINS[name]
+    warn_retired_reduced_vocab_env()
     _refuse_unsupported_inputs(server_args, name)
     compat.write_fields(
         server_args,

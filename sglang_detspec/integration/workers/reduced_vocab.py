@@ -9,9 +9,9 @@ worker runs the same body with ``get_spec`` answering ``speculative_use_rejectio
 (:func:`build_hot_vocab`):
 
 * no hot map: nothing to do (the draft scores the target's vocabulary);
-* a hot map: the start-up gate :func:`~sglang_detspec.integration.setup.server_args.check_draft_vocab` (the invariant
-  mode refuses; DETSPEC_EAGLE3 serves an EAGLE3 ``d2t`` map, DETSPEC_EAGLE a token map only with
-  ``SGLANG_DETSPEC_REDUCED_VOCAB=1``), then
+* a hot map: the start-up gate :func:`~sglang_detspec.integration.setup.server_args.check_draft_vocab` (an EAGLE3
+  ``d2t`` map is served under DETSPEC_EAGLE3 and DETSPEC_EAGLE3_INVARIANT, a ``--speculative-token-map`` under
+  DETSPEC_EAGLE; both verified on an H100; multi-layer EAGLE and a token map in the invariant mode refuse), then
   :meth:`HotVocab.from_hot_token_id <sglang_detspec.stream.hot_vocab.HotVocab.from_hot_token_id>` on the map's device
   (it validates the ids once; a host synchronisation at start-up only). The draft worker keeps it as
   ``detspec_hot_vocab``; every draft site (eager and the draft-decode CUDA graphs, which capture the same persistent
@@ -69,8 +69,12 @@ def build_hot_vocab(draft_worker: Any) -> Optional[HotVocab]:
     if hot is None:
         return None
     target_vocab = int(draft_worker.target_worker.model_config.vocab_size)
+    # Upstream's init_token_map: an EAGLE-twin worker's hot map is always the --speculative-token-map (EAGLE3
+    # ignores a token map and takes the checkpoint's d2t).
+    is_eagle3 = bool(draft_worker.speculative_algorithm.is_eagle3())
     check_draft_vocab(
-        detspec_algorithm_name(draft_worker.speculative_algorithm), int(hot.shape[0]), target_vocab, reduced=True
+        detspec_algorithm_name(draft_worker.speculative_algorithm), int(hot.shape[0]), target_vocab, reduced=True,
+        token_map=not is_eagle3,
     )
     return HotVocab.from_hot_token_id(hot, target_vocab)
 

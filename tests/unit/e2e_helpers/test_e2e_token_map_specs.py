@@ -1,5 +1,5 @@
 """CPU tests of what tests/e2e/test_e2e_token_map.py relies on before it reaches a GPU: its servers' specs, resolved by
-SGLang's own parser and resolution (with the plugin loaded) to what each is meant to run, and the two DETSPEC refusals
+SGLang's own parser and resolution (with the plugin loaded) to what each is meant to run, and the DETSPEC refusal
 raised there with exactly the text the GPU test looks for in the server logs. The upstream refusal (rejection
 sampling with a token map) happens in the draft worker, which needs a GPU; here its text is checked against the
 installed SGLang's source."""
@@ -38,12 +38,13 @@ def _resolve(spec, monkeypatch):
     return sa
 
 
-def test_the_module_serves_two_and_refuses_three(built):
+def test_the_module_serves_two_and_refuses_two(built):
     _, specs = built
     assert set(e2e.SERVING) == {n for n, s in specs.items() if not s.expect_exit}
     assert set(e2e.REFUSAL_NEEDLES) == {n for n, s in specs.items() if s.expect_exit}
     for spec in specs.values():
         assert spec.args.count("--speculative-token-map") == 1
+        assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in spec.env  # retired: the token map is served without it
 
 
 @pytest.mark.parametrize("name", e2e.SERVING)
@@ -63,12 +64,12 @@ def test_served_specs_resolve_to_detspec_eagle_with_the_token_map(built, name, m
     assert Path(read("speculative_draft_model_path")) == models.eagle_draft
     assert Path(read("speculative_token_map")) == ensure_weighted_token_map(root)
     assert (read("cuda_graph_backend_decode") == "disabled") is (name == "token_map_nograph")
-    assert specs[name].env == {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}
 
 
-@pytest.mark.parametrize("name", ["token_map_no_opt_in", "token_map_invariant"])
+@pytest.mark.parametrize("name", ["token_map_invariant"])
 def test_refused_specs_raise_the_text_the_gpu_test_looks_for(built, name, monkeypatch):
     pytest.importorskip("sglang")
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
     spec = built[1][name]
@@ -78,11 +79,14 @@ def test_refused_specs_raise_the_text_the_gpu_test_looks_for(built, name, monkey
         assert needle in str(e.value), (needle, str(e.value))
 
 
-def test_the_refusals_are_the_opt_in_and_the_invariant_mode_not_the_files_path(built, monkeypatch):
-    """Control: the no-opt-in spec resolves once opted in, so its refusal is the opt-in's."""
+def test_the_invariant_refusal_is_the_token_maps(built, monkeypatch):
+    """Control: the invariant spec resolves once the token map is dropped, so its refusal is the map's."""
     pytest.importorskip("sglang")
-    spec = built[1]["token_map_no_opt_in"]
-    _resolve(type(spec)(spec.name, spec.args, env={"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}), monkeypatch)
+    spec = built[1]["token_map_invariant"]
+    at = spec.args.index("--speculative-token-map")
+    args = spec.args[:at] + spec.args[at + 2:]
+    sa = _resolve(type(spec)(spec.name, args), monkeypatch)
+    assert sa.speculative_algorithm == "DETSPEC_EAGLE_INVARIANT"
 
 
 def test_upstream_rejection_sampling_refusal_text_is_the_installed_sglangs(built, monkeypatch):

@@ -10,7 +10,6 @@ import pytest
 
 import e2e_harness as h
 import family_harness as fh
-from e2e_harness import ServerSpec
 
 # ---------------------------------------------------------------------------------------------------
 # Names
@@ -24,7 +23,7 @@ def test_names_round_trip_and_other_names_are_not_family_servers():
         assert fh.server_name(*fh.parse_server_name(name)) == name
     assert fh.parse_server_name("family_qwen3_moe_detspec_graph") == ("qwen3_moe", "detspec_graph")
     for other in ("detspec_eagle_graph", "invariant_graph", "family_qwen3_moe_nonsense", "family_llama_detspec_graph",
-                  "family_qwen3_eagle3_detspec_graph"):  # the reduced-vocabulary pair is only served refused
+                  "family_qwen3_eagle3_detspec_graph", "family_qwen3_eagle3_invariant_eagle3"):  # served elsewhere
         assert fh.parse_server_name(other) is None
 
 
@@ -58,8 +57,7 @@ def test_the_e2e_module_asks_for_every_served_pairs_servers_and_the_refusals():
 
     marked = {m.args[0] for p in e2e.PAIR_PARAMS for m in p.marks if m.name == "e2e_server"}
     assert marked == {n for p in fh.E2E_PAIRS for n in fh.pair_servers(p)}
-    for test in (e2e.test_qwen3_eagle3_reduced_vocabulary_draft_is_refused_by_the_invariant_mode,
-                 e2e.test_deepseek_mtp_on_flashinfer_is_refused_in_deterministic_mode):
+    for test in (e2e.test_deepseek_mtp_on_flashinfer_is_refused_in_deterministic_mode,):
         (mark,) = [m for m in test.pytestmark if m.name == "e2e_server"]
         assert fh.parse_server_name(mark.args[0]) in fh.REFUSED
     assert set(e2e.CHECKS) | set(e2e.SWEEP_ROLES) <= set(fh.ROLES) == set(e2e.LOG_LINES)
@@ -130,20 +128,6 @@ def test_deepseek_on_flashinfer_is_refused_by_sglangs_resolution(specs, monkeypa
     with pytest.raises(ValueError) as e:
         _resolve(spec, monkeypatch)
     assert fh.refusal_line(str(e.value), "supported for deterministic inference", "flashinfer"), str(e.value)
-
-
-def test_reduced_vocabulary_pair_is_refused_by_the_invariant_mode(specs, monkeypatch):
-    pytest.importorskip("sglang")
-    from sglang_detspec.integration.setup.refusals import DetspecConfigError
-
-    spec = specs[1][fh.server_name("qwen3_eagle3", "invariant_eagle3")]
-    assert spec.expect_exit and "DETSPEC_EAGLE3_INVARIANT" in spec.args
-    with pytest.raises(DetspecConfigError) as e:
-        _resolve(spec, monkeypatch)
-    assert fh.refusal_line(str(e.value), "a draft vocabulary of 256 tokens (target: 1024)", "hot-token map"), str(e.value)
-    # Control: the same pair under DETSPEC_EAGLE3 resolves (the reduced draft is served).
-    served = ServerSpec(spec.name, [a if a != "DETSPEC_EAGLE3_INVARIANT" else "DETSPEC_EAGLE3" for a in spec.args])
-    _resolve(served, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_server_configurations(monkeypatch):
 
 
 def test_reduced_vocab_pair_configurations(monkeypatch):
-    """--pair qwen3_eagle3: DETSPEC_EAGLE3 on the reduced draft as users serve it (no opt-in in any server)."""
+    """--pair qwen3_eagle3: DETSPEC_EAGLE3 on the reduced draft as users serve it (no environment variable)."""
     monkeypatch.setenv("PYTHONPATH", "/already/there")
     args = lc.parse_args(["--out", "x", "--pair", "qwen3_eagle3"])
     specs = lc.server_specs(Path("/q/target"), Path("/q/eagle3"), args)
@@ -191,8 +191,9 @@ def test_reduced_vocab_pair_configurations(monkeypatch):
 
 
 def test_token_map_pair_configurations(monkeypatch):
-    """--pair weighted_token_map: DETSPEC_EAGLE on the weighted pair's EAGLE draft with --speculative-token-map and the
-    opt-in, in the product and the control only; the baseline is the plain weighted target."""
+    """--pair weighted_token_map: DETSPEC_EAGLE on the weighted pair's EAGLE draft with --speculative-token-map (no
+    environment variable: the retired opt-in is gone), in the product and the control only; the baseline is the plain
+    weighted target."""
     monkeypatch.setenv("PYTHONPATH", "/already/there")
     args = lc.parse_args(["--out", "x", "--pair", "weighted_token_map"])
     specs = lc.server_specs(Path("/m/target"), Path("/m/eagle"), args, token_map=Path("/m/hot.pt"))
@@ -205,10 +206,9 @@ def test_token_map_pair_configurations(monkeypatch):
     assert baseline[baseline.index("--model-path") + 1] == "/m/target" == detspec[detspec.index("--model-path") + 1]
     assert not [a for a in baseline if a.startswith("--speculative")]
     assert control == detspec
-    assert specs["detspec"].env == {"SGLANG_DETSPEC_REDUCED_VOCAB": "1"}
-    assert specs["control"].env["SGLANG_DETSPEC_REDUCED_VOCAB"] == "1"
+    assert specs["detspec"].env == {} and specs["baseline"].env == {}
+    assert list(specs["control"].env) == ["PYTHONPATH"]
     assert specs["control"].env["PYTHONPATH"].split(":") == [str(CONTROL), "/already/there"]
-    assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in specs["baseline"].env
 
 
 def test_a_token_map_goes_with_the_token_map_pair_only():

@@ -202,9 +202,9 @@ REFUSALS = [
      "--speculative-accept-threshold-single 0.5", None),
     ("threshold-acc", "DETSPEC_EAGLE3", dict(speculative_accept_threshold_acc=0.9),
      "--speculative-accept-threshold-acc 0.9", None),
-    # without SGLANG_DETSPEC_REDUCED_VOCAB=1 (test_refusal unsets it); the opt-in's cases are below
-    ("token-map", "DETSPEC_EAGLE", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
-     "--speculative-token-map", None),
+    # the invariant mode's race over a token map has never run on a GPU (DETSPEC_EAGLE serves one: below)
+    ("token-map-invariant", "DETSPEC_EAGLE_INVARIANT", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
+     "--speculative-token-map /nonexistent/hot_tokens.pt with an _INVARIANT algorithm", None),
     ("block-verification", "DETSPEC_EAGLE", dict(speculative_use_block_verification=True),
      "--speculative-use-block-verification", "speculative_use_block_verification"),
     ("watermark", "DETSPEC_EAGLE", dict(enable_watermark=True), "--enable-watermark", "enable_watermark"),
@@ -227,8 +227,7 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize("case", REFUSALS, ids=[c[0] for c in REFUSALS])
-def test_refusal(models, case, monkeypatch):
-    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
+def test_refusal(models, case):
     _id, name, extra, text, needs_field = case
     if needs_field is not None and not compat.has_field(ServerArgs(model_path="dummy"), needs_field):
         pytest.skip(f"this SGLang release has no {needs_field} field")
@@ -246,40 +245,45 @@ def test_memory_saver_is_accepted_with_a_cpu_backup_of_the_draft_weights(models,
         "speculative_algorithm": "DETSPEC_EAGLE", "enable_memory_saver": True, backup: True}
 
 
-@pytest.mark.parametrize("opt_in", [None, "0", "1"])
-def test_reduced_eagle3_draft_vocab_is_served_whatever_the_opt_in(models, monkeypatch, caplog, opt_in):
-    """An EAGLE3 draft's hot-token map is GPU-verified (one output per seed, lossless at N = 10,000): no opt-in."""
-    if opt_in is None:
-        monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+@pytest.mark.parametrize("name", ["DETSPEC_EAGLE3", "DETSPEC_EAGLE3_INVARIANT"])
+def test_a_reduced_eagle3_draft_is_served_with_an_info_line(models, monkeypatch, caplog, name):
+    """An EAGLE3 draft's hot-token map is served in both modes (H100: one output per seed; lossless, and the invariant
+    mode equal to the non-speculative reference), with no environment variable."""
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     with caplog.at_level("INFO"):
+        sa = resolve(**base_args(models, name, speculative_draft_model_path=models["eagle3_small_vocab"]))
+    assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == name
+    assert f"{name}: serving a reduced-vocabulary draft ({VOCAB // 16} of {VOCAB} target tokens)" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "vocab" in r.getMessage().lower()]
+
+
+@pytest.mark.parametrize("name", ["DETSPEC_EAGLE", "DETSPEC_EAGLE_INVARIANT"])
+def test_an_eagle3_style_draft_vocab_is_refused_under_the_eagle_twin(models, name):
+    """Under the EAGLE twin only a --speculative-token-map maps draft columns to target ids; a draft config's own
+    draft_vocab_size would have its indices read as target ids."""
+    with pytest.raises(DetspecConfigError, match=f"draft vocabulary of {VOCAB // 16} tokens") as info:
+        resolve(**base_args(models, name, speculative_draft_model_path=models["eagle3_small_vocab"]))
+    msg = str(info.value)
+    assert name in msg and "DETSPEC_EAGLE3" in msg and "SGLANG_DETSPEC_REDUCED_VOCAB" not in msg
+
+
+@pytest.mark.parametrize("value", ["1", "0", ""])
+def test_the_retired_reduced_vocab_variable_only_warns(models, monkeypatch, caplog, value):
+    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", value)
+    with caplog.at_level("WARNING"):
         sa = resolve(**base_args(models, "DETSPEC_EAGLE3", speculative_draft_model_path=models["eagle3_small_vocab"]))
     assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == "DETSPEC_EAGLE3"
-    assert "NOT YET GPU-verified" not in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if "SGLANG_DETSPEC_REDUCED_VOCAB" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "no longer needed and has no effect" in warnings[0]
+    assert "reduced-vocabulary drafts are served without it" in warnings[0]
 
 
-@pytest.mark.parametrize("opt_in", [None, "0", "true"])
-def test_the_invariant_mode_refuses_a_reduced_eagle3_draft_unless_opted_in(models, monkeypatch, opt_in):
-    if opt_in is None:
-        monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)  # only "1" opts in
-    with pytest.raises(DetspecConfigError, match="hot-token map") as info:
-        resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
-                            speculative_draft_model_path=models["eagle3_small_vocab"]))
-    msg = str(info.value)
-    assert "DETSPEC_EAGLE3_INVARIANT" in msg and f"draft vocabulary of {VOCAB // 16} tokens (target: {VOCAB})" in msg
-    assert "SGLANG_DETSPEC_REDUCED_VOCAB=1" in msg and "DETSPEC_EAGLE3 (reproducible per seed" in msg
-
-
-def test_the_invariant_mode_serves_a_reduced_eagle3_draft_opted_in_with_a_warning(models, monkeypatch, caplog):
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
+def test_no_retired_variable_warning_when_unset(models, monkeypatch, caplog):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     with caplog.at_level("WARNING"):
-        sa = resolve(**base_args(models, "DETSPEC_EAGLE3_INVARIANT",
-                                 speculative_draft_model_path=models["eagle3_small_vocab"]))
-    assert resolved(sa, "speculative_algorithm")["speculative_algorithm"] == "DETSPEC_EAGLE3_INVARIANT"
-    assert "invariant mode's race over a hot-token map is NOT YET GPU-verified" in caplog.text
+        resolve(**base_args(models, "DETSPEC_EAGLE3"))
+    assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in caplog.text
 
 
 def test_refuses_draft_that_sglang_promotes_to_another_algorithm(models):
@@ -304,43 +308,50 @@ def test_check_draft_vocab_for_worker_init(monkeypatch, caplog):
     monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB)
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", None, VOCAB)
-    detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)  # EAGLE3's d2t map: served without the opt-in
+    with caplog.at_level("INFO"):
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256)  # EAGLE3's d2t map
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)
+        detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256, token_map=True)
+    for name in ("DETSPEC_EAGLE3", "DETSPEC_EAGLE3_INVARIANT", "DETSPEC_EAGLE"):
+        assert f"{name}: serving a reduced-vocabulary draft (32000 of 128256 target tokens)" in caplog.text
+    assert "through the --speculative-token-map" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
     # A full-size hot map (a permutation) is a reduced draft too: its draft indices are not target ids.
     detspec_args.check_draft_vocab("DETSPEC_EAGLE3", VOCAB, VOCAB, reduced=True)
-    with pytest.raises(DetspecConfigError, match="multi-layer"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE3", 32000, 128256, multi_layer=True)
-    for invariant in ("DETSPEC_EAGLE3_INVARIANT", "DETSPEC_EAGLE_INVARIANT"):
-        with pytest.raises(DetspecConfigError, match="hot-token map.*SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-            detspec_args.check_draft_vocab(invariant, 32000, 128256)
-    # DETSPEC_EAGLE's reduced drafts come from --speculative-token-map: not GPU-run, so only opted in, with a warning
-    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
-    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE", VOCAB, VOCAB, reduced=True)
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
-    with caplog.at_level("WARNING"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000, 128256)
-    assert "NOT YET GPU-verified" in caplog.text and "--speculative-token-map" in caplog.text
-    detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256)  # opted in, with a warning
-    with pytest.raises(DetspecConfigError, match="multi-layer"):
-        detspec_args.check_draft_vocab("DETSPEC_EAGLE3_INVARIANT", 32000, 128256, multi_layer=True)
+    detspec_args.check_draft_vocab("DETSPEC_EAGLE", VOCAB, VOCAB, reduced=True, token_map=True)
+    for name in ("DETSPEC_EAGLE3", "DETSPEC_EAGLE3_INVARIANT", "DETSPEC_EAGLE"):
+        with pytest.raises(DetspecConfigError, match="multi-layer"):
+            detspec_args.check_draft_vocab(name, 32000, 128256, multi_layer=True, token_map=name == "DETSPEC_EAGLE")
+    # The invariant mode races a token map never (it has not run on a GPU), nor a non-EAGLE3 reduced draft.
+    for token_map in (True, False):
+        with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE3_INVARIANT for an EAGLE3 draft") as info:
+            detspec_args.check_draft_vocab("DETSPEC_EAGLE_INVARIANT", 32000, 128256, token_map=token_map)
+        assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in str(info.value)
+    # Under DETSPEC_EAGLE a reduced draft that is not a token map (a config's own draft_vocab_size) is refused.
+    for reduced in (None, True):
+        with pytest.raises(DetspecConfigError, match="only through --speculative-token-map") as info:
+            detspec_args.check_draft_vocab("DETSPEC_EAGLE", 32000 if reduced is None else VOCAB,
+                                           128256 if reduced is None else VOCAB, reduced=reduced)
+        assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in str(info.value)
 
 
-def test_token_map_is_served_only_opted_in_and_single_layer(models, monkeypatch, tmp_path):
+def test_token_map_is_served_without_an_opt_in_single_layer_and_not_invariant(models, monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     token_map = str(tmp_path / "hot_tokens.pt")  # the file is read by the draft worker, not at resolution
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
-    sa = resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map))
+    with caplog.at_level("WARNING"):
+        sa = resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map))
     assert resolved(sa, "speculative_algorithm", "speculative_token_map") == {
         "speculative_algorithm": "DETSPEC_EAGLE", "speculative_token_map": token_map}
-    with pytest.raises(DetspecConfigError, match="--speculative-token-map") as info:
-        resolve(**base_args(models, "DETSPEC_EAGLE_INVARIANT", speculative_token_map=token_map))
-    assert "never in the invariant mode" in str(info.value)
+    assert "vocab" not in caplog.text.lower()
+    for name in ("DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT"):
+        with pytest.raises(DetspecConfigError, match="--speculative-token-map") as info:
+            resolve(**base_args(models, name, speculative_token_map=token_map))
+        msg = str(info.value)
+        assert "with an _INVARIANT algorithm" in msg and "never run on a GPU" in msg
+        assert "DETSPEC_EAGLE with the map" in msg and f"or {name} without the map" in msg
     with pytest.raises(DetspecConfigError, match="with multi-layer EAGLE"):
         resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map,
                             enable_multi_layer_eagle=True))
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "0")
-    with pytest.raises(DetspecConfigError, match="SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-        resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map))
 
 
 def test_without_the_hook_sglang_refuses_loudly(models, monkeypatch):

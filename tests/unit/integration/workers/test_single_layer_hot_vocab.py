@@ -153,18 +153,19 @@ def _pool_worker(hot, algorithm):
     return w
 
 
-@pytest.mark.parametrize("opt_in", [None, "0", "1"])
-def test_worker_start_serves_a_reduced_eagle3_draft_whatever_the_opt_in(monkeypatch, opt_in, caplog):
-    if opt_in is None:
-        monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
-    else:
-        monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+def _no_warnings(caplog) -> bool:
+    return not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_worker_start_serves_a_reduced_eagle3_draft(monkeypatch, caplog):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     hot = _hot_map()
     with published(speculative_algorithm="EAGLE3"):
         w = _pool_worker(hot, "EAGLE3")
         with caplog.at_level("INFO"):
             w.alloc_memory_pool()
-    assert "NOT YET GPU-verified" not in caplog.text and "serving a reduced-vocabulary draft" in caplog.text
+    assert f"DETSPEC_EAGLE3: serving a reduced-vocabulary draft ({VD} of {V} target tokens)" in caplog.text
+    assert _no_warnings(caplog)
     assert torch.equal(w.detspec_hot_vocab.hot_to_target, hot)
     assert w.detspec_hot_vocab.target_vocab_size == V
     assert int(w.detspec_hot_vocab.target_to_draft[int(hot[5])]) == 5
@@ -174,7 +175,6 @@ def test_upstream_alloc_memory_pool_refuses_the_reduced_draft_itself(monkeypatch
     """Control: upstream's own body (no DETSPEC get_spec) raises its vocabulary check on the same worker."""
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", "1")
     with published(speculative_algorithm="EAGLE3"):
         w = _pool_worker(_hot_map(), "EAGLE3")
         with pytest.raises(ValueError, match="share one vocab"):
@@ -200,37 +200,39 @@ def _token_map_worker(tmp_path, hot):
     return w, str(path), heads
 
 
-@pytest.mark.parametrize("opt_in", ["0", "1"])
-def test_an_eagle_token_map_takes_the_reduced_vocabulary_path(monkeypatch, tmp_path, opt_in, caplog):
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+def test_an_eagle_token_map_takes_the_reduced_vocabulary_path(monkeypatch, tmp_path, caplog):
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     hot = _hot_map()
     w, path, heads = _token_map_worker(tmp_path, hot)
     with published(speculative_algorithm="EAGLE", speculative_token_map=path):
-        if opt_in != "1":
-            with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE.*SGLANG_DETSPEC_REDUCED_VOCAB=1"):
-                w.alloc_memory_pool()
-            return
-        with caplog.at_level("WARNING"):
+        with caplog.at_level("INFO"):
             w.alloc_memory_pool()
-    assert "NOT YET GPU-verified" in caplog.text
+    assert f"DETSPEC_EAGLE: serving a reduced-vocabulary draft ({VD} of {V} target tokens)" in caplog.text
+    assert "--speculative-token-map" in caplog.text and _no_warnings(caplog)
     assert torch.equal(w.detspec_hot_vocab.hot_to_target, hot)  # the file's ids, in the file's order
     assert int(w.detspec_hot_vocab.target_to_draft[int(hot[3])]) == 3
     assert heads["head"].shape == (VD, HIDDEN)  # upstream sliced the draft's LM head to the hot ids
 
 
-@pytest.mark.parametrize("opt_in", ["0", "1"])
-def test_invariant_mode_serves_a_reduced_draft_only_opted_in(monkeypatch, opt_in, caplog):
+def test_the_invariant_mode_refuses_a_token_map_at_worker_start(monkeypatch, tmp_path):
+    """The launcher refuses it first; the worker's own gate refuses it too (its race was never run on a GPU)."""
     from sglang_detspec.integration.sampling import scheme
 
-    monkeypatch.setenv("SGLANG_DETSPEC_REDUCED_VOCAB", opt_in)
+    w, path, _heads = _token_map_worker(tmp_path, _hot_map())
+    with published(speculative_algorithm="EAGLE", speculative_token_map=path), scheme.selected(scheme.COUPLED):
+        with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE_INVARIANT.*never run on a GPU"):
+            w.alloc_memory_pool()
+
+
+def test_invariant_mode_serves_a_reduced_eagle3_draft(monkeypatch, caplog):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     hot = _hot_map()
     with published(speculative_algorithm="EAGLE3"), scheme.selected(scheme.COUPLED):
         w = _pool_worker(hot, "EAGLE3")
-        if opt_in != "1":
-            with pytest.raises(DetspecConfigError, match="DETSPEC_EAGLE3_INVARIANT.*hot-token map"):
-                w.alloc_memory_pool()
-            return
-        with caplog.at_level("WARNING"):
+        with caplog.at_level("INFO"):
             w.alloc_memory_pool()
-    assert "NOT YET GPU-verified" in caplog.text
+    assert f"DETSPEC_EAGLE3_INVARIANT: serving a reduced-vocabulary draft ({VD} of {V} target tokens)" in caplog.text
+    assert _no_warnings(caplog)
     assert torch.equal(w.detspec_hot_vocab.hot_to_target, hot)
