@@ -59,6 +59,7 @@ def load_plugin() -> Dict[str, object]:
     try:
         from sglang_detspec.integration.setup import (
             algorithm,
+            attention_index_cache,
             batch_invariant_ops,
             parallel_sampling,
             request_validation,
@@ -76,6 +77,7 @@ def load_plugin() -> Dict[str, object]:
         scheduler_check.install_scheduler_check()
         token_id_sampler_opt_in.install_token_id_sampler_opt_in()
         batch_invariant_ops.install_batch_invariant_ops()
+        attention_index_cache.install_attention_index_cache()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
