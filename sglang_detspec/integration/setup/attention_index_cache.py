@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ATTN_INDEX_CACHE_ENV",
     "FORWARD_EXTEND_UNIFIED_TARGET",
-    "around_enable_for_index_cache",
+    "enable_for_model_runner",
     "around_forward_extend_unified",
     "attention_index_cache_active",
     "attention_index_cache_hooks_active",
@@ -61,7 +61,6 @@ ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
 FORWARD_EXTEND_UNIFIED_TARGET = (
     "sglang.srt.layers.attention.triton_backend.TritonAttnBackend._forward_extend_unified"
 )
-ENABLE_HOOK_TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.maybe_enable_batch_invariant_mode"
 
 # The forward-batch fields SGLang derives per layer when they are None, and their positions among
 # ``build_unified_kv_indices``'s arguments (prefix_kv_indptr, prefix_kv_indices, extend_start_loc, extend_seq_lens,
@@ -219,26 +218,23 @@ def _log_first_use() -> None:
                     "across its window-less layers (first use in this process).", ATTN_INDEX_CACHE_ENV)
 
 
-def around_enable_for_index_cache(original: Callable, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
-    """``HookRegistry`` AROUND hook on ``ModelRunner.maybe_enable_batch_invariant_mode``: turn the cache on for a
-    deterministic DETSPEC or token-id reference server when ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1``; log it."""
-    result = original(model_runner, *args, **kwargs)
+def enable_for_model_runner(model_runner: Any) -> None:
+    """Turn the cache on for a deterministic DETSPEC or token-id reference server when ``SGLANG_DETSPEC_ATTN_INDEX_
+    CACHE=1``, and log it. Called by the batch-invariant ops' hook on ``ModelRunner.maybe_enable_batch_invariant_mode``
+    once SGLang's deterministic mode is on (one hook per SGLang function: two AROUND hooks registered on one target
+    by different modules would leave one unapplied whenever the other is applied first)."""
     if not attention_index_cache_wanted():
-        return result
-    from sglang.srt.batch_invariant_ops import is_batch_invariant_mode_enabled
-
+        return
     from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
     from sglang_detspec.integration.setup.token_id_sampler_opt_in import token_id_sampler_requested
 
     algorithm = getattr(model_runner, "spec_algorithm", None)
-    if not is_batch_invariant_mode_enabled():
-        return result
     if not isinstance(algorithm, DetspecSpecAlgo) and not token_id_sampler_requested():
         if not _active:
             logger.warning("sglang-detspec: %s=1 is ignored on this %s server: the index cache serves DETSPEC servers "
                            "and the token-id reference server only.", ATTN_INDEX_CACHE_ENV,
                            getattr(algorithm, "name", None) or "non-speculative")
-        return result
+        return
     if not attention_index_cache_hooks_active():
         raise RuntimeError(
             f"sglang-detspec: {ATTN_INDEX_CACHE_ENV}=1 but the hook on {FORWARD_EXTEND_UNIFIED_TARGET} is not applied "
@@ -249,21 +245,15 @@ def around_enable_for_index_cache(original: Callable, model_runner: Any, *args: 
                     "per forward for layers without a sliding window (other attention backends are unaffected; not "
                     "yet measured on a GPU).", ATTN_INDEX_CACHE_ENV)
     _set_active(True)
-    return result
 
 
 def install_attention_index_cache() -> list:
-    """Register the two hooks with ``HookRegistry`` (once per process); refuse a bad env value before anything loads.
-    They do nothing unless the variable is ``1`` on a selected deterministic server."""
+    """Register the hook with ``HookRegistry`` (once per process); refuse a bad env value before anything loads. It
+    does nothing unless :func:`enable_for_model_runner` turned the cache on."""
     attention_index_cache_wanted()
-    return [
-        register_once(FORWARD_EXTEND_UNIFIED_TARGET, around_forward_extend_unified, "AROUND"),
-        register_once(ENABLE_HOOK_TARGET, around_enable_for_index_cache, "AROUND"),
-    ]
+    return [register_once(FORWARD_EXTEND_UNIFIED_TARGET, around_forward_extend_unified, "AROUND")]
 
 
 def attention_index_cache_hooks_active() -> bool:
-    """Whether both hooks run where they were registered."""
-    return hook_active(FORWARD_EXTEND_UNIFIED_TARGET, around_forward_extend_unified) and hook_active(
-        ENABLE_HOOK_TARGET, around_enable_for_index_cache
-    )
+    """Whether the hook runs where it was registered."""
+    return hook_active(FORWARD_EXTEND_UNIFIED_TARGET, around_forward_extend_unified)

@@ -233,37 +233,60 @@ def _enable(monkeypatch):
 def _runner(name):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    return types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string(name), is_draft_worker=False)
+    return types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.from_string(name), is_draft_worker=False,
+                                 model=None)
 
 
-def test_enable_hook_turns_the_cache_on_for_a_detspec_server_and_logs_it(hooks_applied, monkeypatch, caplog):
+@pytest.fixture
+def published():
+    """SGLang's runtime config as a scheduler process has it (the ops hook reads --rl-on-policy-target from it)."""
+    from sglang.srt.runtime_context import publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+
+    publish(ServerArgs(model_path="dummy", device="cpu"), role="scheduler")
+    yield
+    reset_context()
+
+
+@pytest.fixture
+def enable_hook(hooks_applied, published, monkeypatch):
+    """The batch-invariant ops' hook on ``maybe_enable_batch_invariant_mode`` (it turns the cache on), with SGLang's
+    own ops chosen so that no GEMM self-check runs; the cache's switch is read whatever the ops."""
+    from sglang_detspec.integration.setup import batch_invariant_ops as bio
+    from sglang_detspec.integration.setup import token_id_sampler_opt_in
+
+    monkeypatch.setenv(bio.OPS_ENV, "sglang")
+    monkeypatch.setattr(token_id_sampler_opt_in, "token_id_sampler_requested", lambda: False)
+    return lambda runner: bio.around_enable_batch_invariant_mode(_enable(monkeypatch), runner)
+
+
+def test_enable_hook_turns_the_cache_on_for_a_detspec_server_and_logs_it(enable_hook, monkeypatch, caplog):
     monkeypatch.setenv(aic.ATTN_INDEX_CACHE_ENV, "1")
     caplog.set_level("INFO")
-    aic.around_enable_for_index_cache(_enable(monkeypatch), _runner("DETSPEC_EAGLE"))
+    enable_hook(_runner("DETSPEC_EAGLE"))
     assert aic.attention_index_cache_active()
     assert f"{aic.ATTN_INDEX_CACHE_ENV}=1: SGLang's deterministic Triton attention builds" in caplog.text
 
 
 @pytest.mark.parametrize("name, env", [("EAGLE", "1"), (None, "1"), ("DETSPEC_EAGLE", "0"), ("DETSPEC_EAGLE", None)])
-def test_enable_hook_leaves_the_cache_off_elsewhere(hooks_applied, monkeypatch, caplog, name, env):
-    from sglang_detspec.integration.setup import token_id_sampler_opt_in
-
+def test_enable_hook_leaves_the_cache_off_elsewhere(enable_hook, monkeypatch, caplog, name, env):
     if env is None:
         monkeypatch.delenv(aic.ATTN_INDEX_CACHE_ENV, raising=False)
     else:
         monkeypatch.setenv(aic.ATTN_INDEX_CACHE_ENV, env)
-    monkeypatch.setattr(token_id_sampler_opt_in, "token_id_sampler_requested", lambda: False)
     caplog.set_level("INFO")
-    aic.around_enable_for_index_cache(_enable(monkeypatch), _runner(name))
+    enable_hook(_runner(name))
     assert not aic.attention_index_cache_active()
     if env == "1":
         assert f"{aic.ATTN_INDEX_CACHE_ENV}=1 is ignored on this" in caplog.text
 
 
-def test_enable_hook_leaves_the_cache_off_outside_deterministic_mode(hooks_applied, monkeypatch):
+def test_enable_hook_leaves_the_cache_off_outside_deterministic_mode(hooks_applied, published, monkeypatch):
     from sglang.srt.batch_invariant_ops import batch_invariant_ops as sgl
+
+    from sglang_detspec.integration.setup import batch_invariant_ops as bio
 
     monkeypatch.setenv(aic.ATTN_INDEX_CACHE_ENV, "1")
     monkeypatch.setattr(sgl, "_batch_invariant_MODE", False)
-    aic.around_enable_for_index_cache(lambda runner: None, _runner("DETSPEC_EAGLE"))
+    bio.around_enable_batch_invariant_mode(lambda runner: None, _runner("DETSPEC_EAGLE"))
     assert not aic.attention_index_cache_active()
