@@ -59,6 +59,7 @@ def load_plugin() -> Dict[str, object]:
     try:
         from sglang_detspec.integration.setup import (
             algorithm,
+            attention_index_cache,
             batch_invariant_ops,
             parallel_sampling,
             request_validation,
@@ -76,6 +77,7 @@ def load_plugin() -> Dict[str, object]:
         scheduler_check.install_scheduler_check()
         token_id_sampler_opt_in.install_token_id_sampler_opt_in()
         batch_invariant_ops.install_batch_invariant_ops()
+        attention_index_cache.install_attention_index_cache()
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.
@@ -116,6 +118,11 @@ def load_plugin() -> Dict[str, object]:
                     f"{batch_invariant_ops.RMS_NORM_HOOK_TARGET} and {batch_invariant_ops.ENABLE_HOOK_TARGET} could "
                     "not be applied (see the HookRegistry error above)"
                 )
+            if not attention_index_cache.attention_index_cache_hooks_active():
+                raise RuntimeError(
+                    f"the attention index cache hook on {attention_index_cache.FORWARD_EXTEND_UNIFIED_TARGET} could not "
+                    "be applied (see the HookRegistry error above)"
+                )
         algorithm.verify_registration()
     except Exception:
         logger.error(
@@ -138,6 +145,7 @@ def plugin_status() -> Dict[str, object]:
     """What this process has registered (used by ``load_plugin``, the CLI and tests)."""
     from sglang_detspec.integration.setup import (
         algorithm,
+        attention_index_cache,
         batch_invariant_ops,
         request_validation,
         retraction,
@@ -155,5 +163,6 @@ def plugin_status() -> Dict[str, object]:
         "retraction_replay_active": retraction.retraction_replay_active(),
         "token_id_sampler_hook_active": token_id_sampler_opt_in.token_id_sampler_opt_in_active(),
         "batch_invariant_ops_hooks_active": batch_invariant_ops.batch_invariant_ops_hooks_active(),
+        "attention_index_cache_hooks_active": attention_index_cache.attention_index_cache_hooks_active(),
         "request_validation_active": request_validation.request_validation_active(),
     }

@@ -228,6 +228,10 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
                    env=dict(FORCED_RETRACT_ENV)),
         ServerSpec("detspec_noreplay_forced_retract", detspec + PRESSURE_ARGS,
                    env=with_control(NO_REPLAY_CONTROL, FORCED_RETRACT_ENV)),
+        # The deterministic Triton attention's unified KV indices built once per forward (test_e2e_attn_index_cache).
+        ServerSpec("detspec_eagle_attn_cache_graph", detspec + ["--chat-template", "chatml"],
+                   env={ATTN_INDEX_CACHE_ENV: "1"}),
+        ServerSpec("detspec_eagle_attn_cache_nograph", detspec + GRAPHS_OFF, env={ATTN_INDEX_CACHE_ENV: "1"}),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -264,6 +268,9 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
                    mtp + ["--speculative-algorithm", "EAGLE", "--speculative-use-rejection-sampling"]),
     ]
 
+
+#: The opt-in switch that builds the deterministic Triton attention's unified KV indices once per forward.
+ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
 
 #: The opt-in switch that keys a NON-speculative deterministic server's seeded sampler by token id, as DETSPEC
 #: servers' target sampler does (needed for top-k / top-p rows to match; temperature-only rows match without it).

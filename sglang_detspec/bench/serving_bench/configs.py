@@ -61,6 +61,11 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # deterministic decoding with the plugin installed and nothing speculative. Opt-in.
     BenchConfig("no_spec_plugin_ops", "no speculation (deterministic, the plugin's kernels)", None, False, True, False,
                 opt_in=True, env=(("SGLANG_DETSPEC_TOKEN_ID_SAMPLER", "1"),)),
+    # DETSPEC_EAGLE with the deterministic Triton attention's unified KV indices built once per forward instead of
+    # per layer (SGLANG_DETSPEC_ATTN_INDEX_CACHE=1, issue 32): what the cache gains beside "detspec". Opt-in, like
+    # the switch itself, until a GPU run measured it.
+    BenchConfig("detspec_attn_cache", "DETSPEC_EAGLE, attention indices built once per forward", "DETSPEC_EAGLE",
+                False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "1"),)),
 )
 DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None and not c.opt_in)
 

@@ -284,6 +284,13 @@ REFUSALS: Dict[str, Refusal] = {
         "Use '1' (the DETSPEC_*_INVARIANT draft's GEMMs on cuBLAS) or '0' / unset (the batch-invariant kernels).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "attn_index_cache": Refusal(
+        "SGLANG_DETSPEC_ATTN_INDEX_CACHE={value!r}",
+        "it chooses whether the deterministic Triton attention builds its unified KV indices once per forward, and a "
+        "typo read as a default would leave a benchmark measuring another configuration than it names",
+        "Use '1' (build them once per forward) or '0' / unset (SGLang's per-layer build).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
 }
 
 

@@ -108,6 +108,7 @@ def test_sglang_loader_registers_once_in_a_fresh_process():
     assert out["hook_active"] is True
     assert out["status"]["token_id_sampler_hook_active"] is True  # applied by SGLang's own loader, not by us
     assert out["status"]["batch_invariant_ops_hooks_active"] is True
+    assert out["status"]["attention_index_cache_hooks_active"] is True
     assert out["status"]["request_validation_active"] is True
     assert out["status"]["algorithms"] == ALL_NAMES
     assert out["status"]["sglang_version"] == metadata.version("sglang")

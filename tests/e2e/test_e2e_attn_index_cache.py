@@ -1,0 +1,64 @@
+"""End to end: DETSPEC_EAGLE with ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1`` (the deterministic Triton attention's unified
+KV indices built once per forward instead of per layer, issue 32) gives the tokens of the server without it.
+
+The cache only reuses integer indices that SGLang would rebuild identically for every window-less layer, so the
+attention numbers, hence the tokens, must be bit-identical: the probe's tokens of the cached servers (CUDA graphs on
+and off) must equal those of ``detspec_eagle_graph`` / ``_nograph`` under every traffic profile of
+``sglang-detspec check`` (one output per profile, seeds check passed), and each cached server's log must say the
+cache ran (its first-use line), so a cache that never engaged cannot pass. A stale index under CUDA-graph replay
+(a graph reading another capture's or the warm-up's tensors) would attend over wrong KV slots and change tokens.
+
+The speed it gains is measured by ``bench-serve --configs detspec,detspec_attn_cache`` and
+``scripts/bench/profile_ops.py --configs detspec,detspec_attn_cache`` (docs/kernels.md).
+"""
+
+import pytest
+
+import e2e_harness as h
+from e2e_harness import register_cuda_ci
+
+register_cuda_ci(est_time=400, suite="detspec-e2e")
+
+SEED = 1234
+TRIALS = 12
+CACHED = ("detspec_eagle_attn_cache_graph", "detspec_eagle_attn_cache_nograph")
+UNCACHED = ("detspec_eagle_graph", "detspec_eagle_nograph")
+FIRST_USE = "SGLANG_DETSPEC_ATTN_INDEX_CACHE=1: the deterministic Triton attention reuses one forward's unified KV"
+
+pytestmark = h.module_marks(*CACHED, *UNCACHED)
+
+
+@pytest.fixture(scope="module")
+def checks(e2e_pool):
+    servers = {name: e2e_pool.ready(name) for name in (*CACHED, *UNCACHED)}
+    return h.run_checks(servers, {name: "all" for name in servers}, trials=TRIALS, seed=SEED)
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_cached_server_gives_one_output_under_every_profile(checks, name):
+    r = checks[name]
+    rep = r["report"]
+    assert r["returncode"] == 0, r["stdout"] + r["stderr"]
+    assert rep["unique_outputs"] == 1
+    for profile in rep["profiles"]:
+        assert profile["unique_outputs"] == 1, profile
+    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+
+
+def test_cached_servers_give_the_uncached_tokens(checks):
+    first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in (*CACHED, *UNCACHED)}
+    assert len(set(first.values())) == 1, first
+
+
+@pytest.mark.parametrize("name", CACHED)
+def test_cached_server_log_says_the_cache_ran(checks, e2e_pool, name):
+    assert FIRST_USE in e2e_pool.get(name).log_text()
+
+
+@pytest.mark.parametrize("name", UNCACHED)
+def test_uncached_server_log_has_no_cache(checks, e2e_pool, name):
+    assert FIRST_USE not in e2e_pool.get(name).log_text()
+
+
+if __name__ == "__main__":
+    h.run_module(__file__)
