@@ -183,6 +183,10 @@ PROBE_RETRACT_ENV = {**FORCED_RETRACT_ENV, "DETSPEC_TEST_RETRACT_PROBE_SEED": st
 #: target sampler handing every seeded top-k / top-p / min-p batch back to SGLang's rank-keyed sorted sampler.
 UPSTREAM_SAMPLER_CONTROL = Path(__file__).resolve().parent / "controls" / "upstream_target_sampler"
 
+#: A test-harness-only control (tests/e2e/controls/stale_attention_indices/sitecustomize.py): the attention index
+#: cache keeping the eager warm-up's record inside CUDA-graph capture, so replayed graphs read stale indices.
+STALE_ATTENTION_INDICES_CONTROL = Path(__file__).resolve().parent / "controls" / "stale_attention_indices"
+
 
 def with_control(control_dir: Path, env: Dict[str, str]) -> Dict[str, str]:
     """``env`` plus a PYTHONPATH that puts a test-only control's ``sitecustomize`` first (before the caller's)."""
@@ -232,6 +236,8 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_attn_cache_graph", detspec + ["--chat-template", "chatml"],
                    env={ATTN_INDEX_CACHE_ENV: "1"}),
         ServerSpec("detspec_eagle_attn_cache_nograph", detspec + GRAPHS_OFF, env={ATTN_INDEX_CACHE_ENV: "1"}),
+        ServerSpec("detspec_eagle_attn_cache_stale_control", detspec,
+                   env=with_control(STALE_ATTENTION_INDICES_CONTROL, {ATTN_INDEX_CACHE_ENV: "1"})),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)

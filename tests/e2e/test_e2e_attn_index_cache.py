@@ -8,6 +8,10 @@ and off) must equal those of ``detspec_eagle_graph`` / ``_nograph`` under every 
 cache ran (its first-use line), so a cache that never engaged cannot pass. A stale index under CUDA-graph replay
 (a graph reading another capture's or the warm-up's tensors) would attend over wrong KV slots and change tokens.
 
+The control that must fail: ``detspec_eagle_attn_cache_stale_control`` runs the cache with
+``tests/e2e/controls/stale_attention_indices`` (the record kept from the eager warm-up into graph capture); its
+probe's tokens must differ from the uncached servers', so the token comparison above can see a stale index.
+
 The speed it gains is measured by ``bench-serve --configs detspec,detspec_attn_cache`` and
 ``scripts/bench/profile_ops.py --configs detspec,detspec_attn_cache`` (docs/kernels.md).
 """
@@ -23,15 +27,17 @@ SEED = 1234
 TRIALS = 12
 CACHED = ("detspec_eagle_attn_cache_graph", "detspec_eagle_attn_cache_nograph")
 UNCACHED = ("detspec_eagle_graph", "detspec_eagle_nograph")
+STALE_CONTROL = "detspec_eagle_attn_cache_stale_control"
 FIRST_USE = "SGLANG_DETSPEC_ATTN_INDEX_CACHE=1: the deterministic Triton attention reuses one forward's unified KV"
 
-pytestmark = h.module_marks(*CACHED, *UNCACHED)
+pytestmark = h.module_marks(*CACHED, *UNCACHED, STALE_CONTROL)
 
 
 @pytest.fixture(scope="module")
 def checks(e2e_pool):
-    servers = {name: e2e_pool.ready(name) for name in (*CACHED, *UNCACHED)}
-    return h.run_checks(servers, {name: "all" for name in servers}, trials=TRIALS, seed=SEED)
+    servers = {name: e2e_pool.ready(name) for name in (*CACHED, *UNCACHED, STALE_CONTROL)}
+    traffic = {name: "uniform" if name == STALE_CONTROL else "all" for name in servers}
+    return h.run_checks(servers, traffic, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", CACHED)
@@ -48,6 +54,14 @@ def test_cached_server_gives_one_output_under_every_profile(checks, name):
 def test_cached_servers_give_the_uncached_tokens(checks):
     first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in (*CACHED, *UNCACHED)}
     assert len(set(first.values())) == 1, first
+
+
+def test_control_with_a_stale_record_changes_the_tokens(checks, e2e_pool):
+    control = checks[STALE_CONTROL]
+    assert control["report"].get("trials"), control["stdout"] + control["stderr"]  # it served: wrong tokens, no crash
+    uncached = tuple(checks[UNCACHED[0]]["report"]["trials"][0]["output_ids"])
+    assert tuple(control["report"]["trials"][0]["output_ids"]) != uncached
+    assert FIRST_USE in e2e_pool.get(STALE_CONTROL).log_text()
 
 
 @pytest.mark.parametrize("name", CACHED)
