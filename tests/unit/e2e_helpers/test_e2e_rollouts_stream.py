@@ -26,3 +26,14 @@ def test_runs_out_of_order_or_repeated_are_caught():
 
 def test_a_run_straddling_a_gap_is_caught():
     assert e2e._runs_in_order((("b", "d"),), PLAIN) == -1
+
+
+def test_skipped_positions_are_the_steps_without_a_run():
+    assert e2e._skipped_positions((("c", "d"),), PLAIN) == [0, 1, 4, 5]
+    assert e2e._skipped_positions((("a", "b"), ("c", "x")), PLAIN) is None
+
+
+def test_a_step_ending_inside_a_utf8_character_is_told_apart():
+    euro = "€".encode()  # three bytes
+    tokens = (tuple(b"a"), tuple(euro[:1]), tuple(euro[1:]), tuple(b"b"))
+    assert [e2e._ends_inside_a_character(tokens, i) for i in range(4)] == [False, True, False, False]
