@@ -277,6 +277,7 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
 
 #: The opt-in switch that builds the deterministic Triton attention's unified KV indices once per forward.
 ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
+FAST_INVARIANT_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 
 #: The opt-in switch that keys a NON-speculative deterministic server's seeded sampler by token id, as DETSPEC
 #: servers' target sampler does (needed for top-k / top-p rows to match; temperature-only rows match without it).
@@ -311,6 +312,9 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
                    base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + INVARIANT_ARGS),
         ServerSpec("invariant_mtp_graph", invariant_mtp),
         ServerSpec("invariant_mtp_nograph", invariant_mtp + GRAPHS_OFF),
+        # The invariant draft's GEMMs on cuBLAS (tests/e2e/test_e2e_fast_invariant_draft.py).
+        ServerSpec("invariant_fast_draft_graph", invariant, env={FAST_INVARIANT_DRAFT_ENV: "1"}),
+        ServerSpec("invariant_fast_draft_nograph", invariant + GRAPHS_OFF, env={FAST_INVARIANT_DRAFT_ENV: "1"}),
         # Under memory pressure (tests/e2e/test_e2e_invariant_pressure.py): the small pool and SGLang's forced
         # retraction of the pressure profile's servers, graphs on and off; and the same without the retraction
         # replay, to measure whether the invariant mode needs it (its re-prefill samples with the same key).

@@ -66,6 +66,11 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # the switch itself, until a GPU run measured it.
     BenchConfig("detspec_attn_cache", "DETSPEC_EAGLE, attention indices built once per forward", "DETSPEC_EAGLE",
                 False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "1"),)),
+    # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
+    # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
+    BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",
+                "DETSPEC_EAGLE_INVARIANT", False, True, False, opt_in=True,
+                env=(("SGLANG_DETSPEC_FAST_INVARIANT_DRAFT", "1"),)),
 )
 DEFAULT_CONFIGS = tuple(c.name for c in CONFIGS if c.unavailable is None and not c.opt_in)
 
