@@ -60,22 +60,21 @@ def _draft_sampler_launches():
 
 
 def _coupled_hot_race_launches():
-    # the reduced-vocabulary coupled race: stage 1 at every LAUNCH_TABLE launch of the full race it shares, both
-    # screens and both releases' clamps (the reciprocal uniform: CUDA); stage 2 for both clamps
-    hot = importlib.import_module("sglang_detspec.kernels.coupled_hot_race_probs")
+    # the reduced-vocabulary coupled race (the full race's kernels with KEYED on): stage 1 at every LAUNCH_TABLE
+    # launch, both screens and both releases' clamps (the reciprocal uniform: CUDA); stage 2 for both clamps
     race = importlib.import_module("sglang_detspec.kernels.coupled_race_probs")
     stage1 = {"probs_ptr": "*fp32", "row_stride": "i32", "map_ptr": "*i64", "seed_ptr": "*i64", "pos_ptr": "*i64",
-              "part_score_ptr": "*fp64", "part_idx_ptr": "*i32", "VD": "i32", "NC": "i32"}
+              "part_score_ptr": "*fp64", "part_idx_ptr": "*i32", "V": "i32", "NC": "i32"}
     stage2 = dict(stage1, out_ptr="*i64")
     for _, (block, warps) in race.LAUNCH_TABLE:
         for cap in (True, False):
             for fast in (True, False):
                 tag = f"b{block}w{warps}{'' if cap else '-uncapped'}-{'fast' if fast else 'precise'}"
-                yield (f"coupled_hot_race_probs stage1 {tag}", hot._hot_stage1, dict(stage1),
-                       dict(CAP=cap, RECIP=True, BLOCK=block, FAST=fast), warps)
+                yield (f"coupled_hot_race_probs stage1 {tag}", race._probs_stage1, dict(stage1),
+                       dict(CAP=cap, RECIP=True, BLOCK=block, FAST=fast, KEYED=True), warps)
     for cap in (True, False):
-        yield (f"coupled_hot_race_probs stage2{'' if cap else ' uncapped'}", hot._hot_stage2, dict(stage2),
-               dict(CAP=cap, RECIP=True, NC_POW2=16, BLOCK=race.LAUNCH_TABLE[-1][1][0]), 4)
+        yield (f"coupled_hot_race_probs stage2{'' if cap else ' uncapped'}", race._probs_stage2, dict(stage2),
+               dict(CAP=cap, RECIP=True, NC_POW2=16, BLOCK=race.LAUNCH_TABLE[-1][1][0], KEYED=True), 4)
 
 
 def _gemm_launches():

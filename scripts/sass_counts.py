@@ -27,9 +27,9 @@ from pathlib import Path
 
 from sglang_detspec.bench.hopper_compile import compile_for_hopper, cuda_tool, interpreted_refusal
 
-_STAGE1_SIGNATURE = {
-    "probs_ptr": "*fp32", "row_stride": "i32", "seed_ptr": "*i64", "pos_ptr": "*i64", "part_score_ptr": "*fp64",
-    "part_idx_ptr": "*i32", "V": "i32", "NC": "i32",
+_STAGE1_SIGNATURE = {  # the full-vocabulary race: no hot map (map_ptr None, KEYED off)
+    "probs_ptr": "*fp32", "row_stride": "i32", "map_ptr": "constexpr", "seed_ptr": "*i64", "pos_ptr": "*i64",
+    "part_score_ptr": "*fp64", "part_idx_ptr": "*i32", "V": "i32", "NC": "i32",
 }
 _SASS_OP = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
@@ -39,7 +39,8 @@ def compile_stage1(block: int, warps: int, fast: bool, workdir: Path) -> dict:
     # by module path: the package's own name coupled_race_probs is the kernel function it exports
     race = importlib.import_module("sglang_detspec.kernels.coupled_race_probs")
     kernel = compile_for_hopper(race._probs_stage1, _STAGE1_SIGNATURE,
-                                {"CAP": True, "RECIP": True, "BLOCK": block, "FAST": fast}, warps, workdir,
+                                {"map_ptr": None, "CAP": True, "RECIP": True, "BLOCK": block, "FAST": fast,
+                                 "KEYED": False}, warps, workdir,
                                 f"stage1_{block}x{warps}_{'fast' if fast else 'precise'}")
     sass = subprocess.run([cuda_tool("cuobjdump"), "-sass", str(kernel.cubin)], capture_output=True, text=True,
                           check=True).stdout

@@ -127,13 +127,13 @@ def _race_stage1(
     if not CAP:
         special = special | (valid & (h == 0xFFFFFFFF))  # Gumbel +inf (NaN at l = -inf)
     if tl.sum(special.to(tl.int32), 0) > 0:
-        res_score, res_idx = exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP, RECIP, False)
+        res_score, res_idx = exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP, RECIP, False, None, False)
     else:
         s = tl.where(valid, gumbel_f32(h) + lp, float("-inf"))
         m = tl.max(s, 0)
         if m > float("-inf"):  # else every score is exactly -inf: (-inf, lo) is the chunk's exact argmax
             cand = s >= m - (ABS_MARGIN + REL_MARGIN * tl.abs(m))
-            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, False)
+            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, False, None, False)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 

@@ -19,6 +19,10 @@ Stage 1, grid ``(R, cdiv(V, BLOCK))``: float32 only, except near ties.
   * only a row's last chunk masks its loads.
 Stage 2, grid ``(R,)``: the exact scores of every lone candidate of the row at once, then the rescans in chunk
 order, then the first NaN, else the first index of the maximum.
+``KEYED`` (:mod:`.coupled_hot_race_probs`): the same stages over a reduced draft vocabulary, each column hashed
+under the target id a map gives it (:func:`~.coupled_scoring.column_key`) and every exact tie, NaN ties included,
+broken by that id; unkeyed, each column is its own key, increasing, so ties go to the first column and stage 2 stops
+at the first NaN chunk.
 
 CUDA graphs: capturable, as :mod:`.coupled_race` (seeds and positions read from device memory at replay; shapes,
 ``cap_unit_uniform``, ``uniform`` and the launch baked into the capture; no host synchronisation; the ``[R]``
@@ -46,6 +50,7 @@ from .coupled_scoring import (
     RATIO_SLACK,
     RESCAN_CODE,
     TWO_P64,
+    column_key,
     exact_chunk_argmax,
     exact_score,
     exponential_f32,
@@ -60,7 +65,10 @@ from .launch_checks import (
     require_vocab_contiguous,
 )
 
-__all__ = ["coupled_race_probs", "coupled_verify", "race_launch", "ratio_f32", "resolve_fast_screen", "LAUNCH_TABLE"]
+__all__ = [
+    "coupled_race_probs", "coupled_verify", "launch_probs_race", "race_launch", "ratio_f32", "resolve_fast_screen",
+    "LAUNCH_TABLE",
+]
 
 #: (max R*V/163840, (stage-1 block, warps)): the first row whose bound is >= the launch's size wins.  Timed on an
 #: H100 with ``scripts/bench/bench_verify_schemes.py --coupled-launches``: 16 columns per thread (2048 x 4) was the
@@ -113,16 +121,19 @@ def ratio_f32(p, h, FAST: tl.constexpr):
 
 
 @triton.jit
-def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr, MASKED: tl.constexpr,
-                   BLOCK: tl.constexpr, FAST: tl.constexpr):
-    """One chunk's stage-2 partial ``(float64 score, index or code)`` from the ratio screen."""
+def _chunk_partial(row_ptr, map_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr, MASKED: tl.constexpr,
+                   BLOCK: tl.constexpr, FAST: tl.constexpr, KEYED: tl.constexpr):
+    """One chunk's stage-2 partial ``(float64 score, column or code)`` from the ratio screen; the screen's bound is
+    per element, whatever the key (:func:`~.coupled_scoring.column_key`)."""
     offs = lo + tl.arange(0, BLOCK)
     if MASKED:
         valid = offs < V
         p = tl.load(row_ptr + offs, mask=valid, other=0.0)
+        key = column_key(map_ptr, offs, valid, KEYED)
     else:
         p = tl.load(row_ptr + offs)
-    h = fmix32(mix32(h_row, offs.to(tl.uint32)))
+        key = column_key(map_ptr, offs, None, KEYED)
+    h = fmix32(mix32(h_row, key.to(tl.uint32)))
     # not (0 <= p <= 2**16) is NaN, negative (log NaN), +inf or not a probability: the screen cannot judge it
     unjudged = ~((p >= 0.0) & (p <= P_SCREEN_MAX))
     if not CAP:
@@ -144,18 +155,24 @@ def _chunk_partial(row_ptr, h_row, lo, V, CAP: tl.constexpr, RECIP: tl.constexpr
         if tl.sum(cand.to(tl.int32), 0) == 1:
             res_idx = LONE_CODE - tl.min(tl.where(cand, offs, INT32_MAX), 0)
         else:
-            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, True)
+            res_score, res_idx = rescore_candidates(row_ptr, h_row, offs, cand, CAP, RECIP, True, map_ptr, KEYED)
     elif tl.max(p, 0) > 0.0:
         # positive probabilities whose ratios are all 0: each sits on hash 0, whose exact score is finite
         res_idx = RESCAN_CODE
-    # else every probability is (+-)0: every score is exactly -inf, and (-inf, lo) is the chunk's argmax
+    elif KEYED:
+        # every probability is (+-)0: every score is exactly -inf, and the lowest key's column is the chunk's argmax
+        if not MASKED:
+            valid = offs < V
+        k_min = tl.min(tl.where(valid, key, INT32_MAX), 0)
+        res_idx = tl.min(tl.where(valid & (key == k_min), offs, INT32_MAX), 0)
+    # else every probability is (+-)0 and each column is its own key: (-inf, lo) is the chunk's argmax
     return res_score, res_idx
 
 
 @triton.jit
 def _probs_stage1(
-    probs_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
-    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr,
+    probs_ptr, row_stride, map_ptr, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, V, NC,
+    CAP: tl.constexpr, RECIP: tl.constexpr, BLOCK: tl.constexpr, FAST: tl.constexpr, KEYED: tl.constexpr,
 ):
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -163,20 +180,20 @@ def _probs_stage1(
     h_row = race_row_prefix(seed_ptr, pos_ptr, row)
     lo = c * BLOCK
     if lo + BLOCK <= V:  # only the last chunk of a row is partial: the others skip the masks
-        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK, FAST)
+        res_score, res_idx = _chunk_partial(row_ptr, map_ptr, h_row, lo, V, CAP, RECIP, False, BLOCK, FAST, KEYED)
     else:
-        res_score, res_idx = _chunk_partial(row_ptr, h_row, lo, V, CAP, RECIP, True, BLOCK, FAST)
+        res_score, res_idx = _chunk_partial(row_ptr, map_ptr, h_row, lo, V, CAP, RECIP, True, BLOCK, FAST, KEYED)
     tl.store(part_score_ptr + row * NC + c, res_score)
     tl.store(part_idx_ptr + row * NC + c, res_idx)
 
 
 @triton.jit
 def _probs_stage2(
-    probs_ptr, row_stride, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, out_ptr, V, NC,
-    CAP: tl.constexpr, RECIP: tl.constexpr, NC_POW2: tl.constexpr, BLOCK: tl.constexpr,
+    probs_ptr, row_stride, map_ptr, seed_ptr, pos_ptr, part_score_ptr, part_idx_ptr, out_ptr, V, NC,
+    CAP: tl.constexpr, RECIP: tl.constexpr, NC_POW2: tl.constexpr, BLOCK: tl.constexpr, KEYED: tl.constexpr,
 ):
-    """One program per row: exact scores of the lone candidates (all chunks at once), the rescans in chunk order,
-    then the first NaN index, else the first index of the maximum."""
+    """One program per row: exact scores of the lone candidates (all chunks at once), the lowest-key maximum of the
+    judged chunks, then the rescans in chunk order; the lowest NaN key if any, else the maximum's key."""
     row = tl.program_id(0)
     row_ptr = probs_ptr + row.to(tl.int64) * row_stride
     h_row = race_row_prefix(seed_ptr, pos_ptr, row)
@@ -185,29 +202,63 @@ def _probs_stage2(
     score = tl.load(part_score_ptr + row * NC + cidx, mask=live, other=float("-inf"))
     code = tl.load(part_idx_ptr + row * NC + cidx, mask=live, other=0)
     lone = live & (code <= LONE_CODE)
-    j = tl.where(lone, LONE_CODE - code, 0)
-    lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
-    score = tl.where(lone, exact_score(lp, h_row, j, CAP, RECIP), score)
     rescan = live & (code == RESCAN_CODE)
-    # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their first-index maximum.
     ok = live & ~rescan
+    j = tl.where(lone, LONE_CODE - code, tl.where(ok, code, 0))  # the column each judged chunk names
+    key = column_key(map_ptr, j, ok, KEYED)
+    lp = tl.log(tl.load(row_ptr + j, mask=lone, other=1.0))  # the float32 log the exact score reads
+    score = tl.where(lone, exact_score(lp, h_row, key, CAP, RECIP), score)
+    # Judged chunks score no NaN (probabilities in [0, 2**16], no Gumbel +inf): their lowest-key maximum
+    # ((-inf, INT32_MAX) when every chunk is rescanned).
     best = tl.max(tl.where(ok, score, float("-inf")), 0)
-    best_idx = tl.min(tl.where(ok & (score == best), tl.where(lone, j, code), INT32_MAX), 0)
-    nan_idx = tl.full([], INT32_MAX, tl.int32)
+    best_key = tl.min(tl.where(ok & (score == best), key, INT32_MAX), 0)
+    nan_key = tl.full([], INT32_MAX, tl.int32)
     n = tl.sum(rescan.to(tl.int32), 0)
     while n > 0:  # rare: chunks the screen could not judge, exactly, in chunk order
         c = tl.min(tl.where(rescan, cidx, INT32_MAX), 0)
         rescan = rescan & (cidx != c)
         n -= 1
         offs = c * BLOCK + tl.arange(0, BLOCK)
-        s, i = exact_chunk_argmax(row_ptr, h_row, offs, offs < V, CAP, RECIP, True)
+        s, k = exact_chunk_argmax(row_ptr, h_row, offs, offs < V, CAP, RECIP, True, map_ptr, KEYED)
         if s != s:
-            nan_idx = i
-            n = 0  # only rescanned chunks hold NaN scores, and they come in index order: this is the first
-        elif (s > best) | ((s == best) & (i < best_idx)):
+            if KEYED:
+                nan_key = tl.minimum(nan_key, k)  # the lowest NaN key may sit in any rescanned chunk
+            else:
+                nan_key = k
+                n = 0  # each column is its own key: the first NaN chunk holds the lowest NaN key
+        elif (s > best) | ((s == best) & (k < best_key)):
             best = s
-            best_idx = i
-    tl.store(out_ptr + row, tl.where(nan_idx < INT32_MAX, nan_idx, best_idx).to(tl.int64))
+            best_key = k
+    tl.store(out_ptr + row, tl.where(nan_key < INT32_MAX, nan_key, best_key).to(tl.int64))
+
+
+def launch_probs_race(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+                      hot_to_target: Optional[torch.Tensor], *, cap_unit_uniform: bool, uniform: Optional[str],
+                      block_size: Optional[int], num_warps: Optional[int], fast: bool) -> torch.Tensor:
+    """The two stages on validated inputs: the winning keys, int64 ``[R]`` -- columns, or (``hot_to_target``
+    given) the target ids of :func:`~.coupled_hot_race_probs.coupled_hot_race_probs`.  The public functions
+    validate first; this allocates the output and the ``[R, cdiv(V, BLOCK)]`` partials and launches."""
+    R, V = probs.shape
+    out = torch.empty(R, dtype=torch.int64, device=probs.device)
+    if R == 0:
+        return out
+    block, warps = race_launch(R, V, block_size, num_warps)
+    nc = triton.cdiv(V, block)
+    part_score = torch.empty((R, nc), dtype=torch.float64, device=probs.device)
+    part_idx = torch.empty((R, nc), dtype=torch.int32, device=probs.device)
+    cap = bool(cap_unit_uniform)
+    recip = resolve_uniform(uniform, probs.device) == "reciprocal"
+    keyed = hot_to_target is not None
+    seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
+    _probs_stage1[(R, nc)](
+        probs, probs.stride(0), hot_to_target, seeds, positions, part_score, part_idx, V, nc,
+        CAP=cap, RECIP=recip, BLOCK=block, FAST=fast, KEYED=keyed, num_warps=warps,
+    )
+    _probs_stage2[(R,)](
+        probs, probs.stride(0), hot_to_target, seeds, positions, part_score, part_idx, out, V, nc,
+        CAP=cap, RECIP=recip, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, KEYED=keyed, num_warps=4,
+    )
+    return out
 
 
 def coupled_race_probs(
@@ -242,27 +293,8 @@ def coupled_race_probs(
     check_coupled_race_inputs(probs, seeds, positions, uniform, float32_only=True)
     require_vocab_contiguous("probs", probs)
     require_cuda_or_interpreter(probs, "sglang_detspec.stream.coupled_reference.coupled_race_reference")
-    fast = resolve_fast_screen(fast_screen)
-    R, V = probs.shape
-    out = torch.empty(R, dtype=torch.int64, device=probs.device)
-    if R == 0:
-        return out
-    block, warps = race_launch(R, V, block_size, num_warps)
-    nc = triton.cdiv(V, block)
-    part_score = torch.empty((R, nc), dtype=torch.float64, device=probs.device)
-    part_idx = torch.empty((R, nc), dtype=torch.int32, device=probs.device)
-    cap = bool(cap_unit_uniform)
-    recip = resolve_uniform(uniform, probs.device) == "reciprocal"
-    seeds, positions = seeds.contiguous(), positions.contiguous()  # views only for 1-D contiguous inputs
-    _probs_stage1[(R, nc)](
-        probs, probs.stride(0), seeds, positions, part_score, part_idx, V, nc,
-        CAP=cap, RECIP=recip, BLOCK=block, FAST=fast, num_warps=warps,
-    )
-    _probs_stage2[(R,)](
-        probs, probs.stride(0), seeds, positions, part_score, part_idx, out, V, nc,
-        CAP=cap, RECIP=recip, NC_POW2=max(16, triton.next_power_of_2(nc)), BLOCK=block, num_warps=4,
-    )
-    return out
+    return launch_probs_race(probs, seeds, positions, None, cap_unit_uniform=cap_unit_uniform, uniform=uniform,
+                             block_size=block_size, num_warps=num_warps, fast=resolve_fast_screen(fast_screen))
 
 
 def coupled_verify(

@@ -8,7 +8,9 @@ its two release / device variants, ``CAP`` and ``RECIP``) is :mod:`sglang_detspe
 screens' error bound, and so the candidate margin (:data:`ABS_MARGIN`, :data:`REL_MARGIN`), is derived in
 :mod:`.coupled_race`'s docstring.  ``FROM_PROBS``: the row holds probabilities and the float32 ``log`` is taken
 here (exact where the kernel's ``tl.log`` is CUDA torch's, which ``scripts/gpu_kernel_checks.py --only coupled``
-measures).
+measures).  ``KEYED``: each column's hash key is the token id a map gives it (:func:`column_key`; a reduced "hot"
+draft vocabulary raced under its target ids, :mod:`.coupled_hot_race_probs`) rather than the column itself, and
+exact ties go to the lowest key rather than the first column.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..stream.coupled_reference import LOG_U_CAP, UMAX
 from .hashing import fmix32, lg2_f32, mix32
 
 __all__ = [
-    "ABS_MARGIN", "INT32_MAX", "REL_MARGIN", "exact_chunk_argmax", "exact_score", "exponential_f32", "load_logprob",
+    "ABS_MARGIN", "INT32_MAX", "REL_MARGIN", "column_key", "exact_chunk_argmax", "exact_score", "exponential_f32", "load_logprob",
     "rescore_candidates", "RESCAN_CODE", "LONE_CODE", "TWO_P64", "LN_TWO_P64", "NEG_REL_MARGIN", "RATIO_SLACK",
     "P_SCREEN_MAX",
 ]
@@ -103,33 +105,58 @@ def load_logprob(ptr, mask, FROM_PROBS: tl.constexpr):
 
 
 @triton.jit
-def exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
-    """Exact float64 argmax of one chunk with torch.argmax semantics: (NaN, first NaN) or (max, first max)."""
-    lp = load_logprob(row_ptr + offs, valid, FROM_PROBS)
-    s = exact_score(lp, h_row, offs, CAP, RECIP)
-    nan_i = tl.min(tl.where(valid & (s != s), offs, INT32_MAX), 0)
-    sm = tl.where(valid & (s == s), s, float("-inf"))
-    m = tl.max(sm, 0)
-    idx = tl.min(tl.where(valid & (sm == m), offs, INT32_MAX), 0)
-    has_nan = nan_i < INT32_MAX
-    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_i, idx)
+def column_key(map_ptr, cols, mask, KEYED: tl.constexpr):
+    """The hash key of columns ``cols``: the column itself, or (``KEYED``) the int64 token id ``map_ptr`` holds for
+    it, as int32 (a hot map's target ids are below ``2**31``: ``HotVocab``); ``mask=None`` loads unmasked."""
+    if not KEYED:
+        key = cols
+    elif mask is None:
+        key = tl.load(map_ptr + cols).to(tl.int32)
+    else:
+        key = tl.load(map_ptr + cols, mask=mask, other=0).to(tl.int32)
+    return key
 
 
 @triton.jit
-def rescore_candidates(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr):
-    """The exact float64 argmax over the screen's candidates (at least one), in increasing index order."""
+def exact_chunk_argmax(row_ptr, h_row, offs, valid, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr,
+                       map_ptr, KEYED: tl.constexpr):
+    """Exact float64 argmax of one chunk with torch.argmax semantics over the columns ordered by key: ``(NaN, lowest
+    NaN key)`` or ``(max, lowest key of the max)``; the key is the column unless ``KEYED`` (:func:`column_key`)."""
+    key = column_key(map_ptr, offs, valid, KEYED)
+    lp = load_logprob(row_ptr + offs, valid, FROM_PROBS)
+    s = exact_score(lp, h_row, key, CAP, RECIP)
+    nan_k = tl.min(tl.where(valid & (s != s), key, INT32_MAX), 0)
+    sm = tl.where(valid & (s == s), s, float("-inf"))
+    m = tl.max(sm, 0)
+    best_k = tl.min(tl.where(valid & (sm == m), key, INT32_MAX), 0)
+    has_nan = nan_k < INT32_MAX
+    return tl.where(has_nan, float("nan"), m), tl.where(has_nan, nan_k, best_k)
+
+
+@triton.jit
+def rescore_candidates(row_ptr, h_row, offs, cand, CAP: tl.constexpr, RECIP: tl.constexpr, FROM_PROBS: tl.constexpr,
+                       map_ptr, KEYED: tl.constexpr):
+    """The exact float64 maximum over the screen's candidates (at least one), visited in increasing column order:
+    ``(score, column)``, an exact tie to the lowest key (:func:`column_key`: unless ``KEYED``, the first column)."""
     n = tl.sum(cand.to(tl.int32), 0)
     j = tl.min(tl.where(cand, offs, INT32_MAX), 0)
-    res_score = exact_score(load_logprob(row_ptr + j, True, FROM_PROBS), h_row, j, CAP, RECIP)
+    res_key = column_key(map_ptr, j, None, KEYED)
+    res_score = exact_score(load_logprob(row_ptr + j, True, FROM_PROBS), h_row, res_key, CAP, RECIP)
     res_idx = j
     rest = cand & (offs != j)
     k = n - 1
-    while k > 0:  # near ties: the other candidates, in increasing index order
+    while k > 0:  # near ties: the other candidates, in increasing column order
         j2 = tl.min(tl.where(rest, offs, INT32_MAX), 0)
         rest = rest & (offs != j2)
         k -= 1
-        s64 = exact_score(load_logprob(row_ptr + j2, True, FROM_PROBS), h_row, j2, CAP, RECIP)
-        if s64 > res_score:  # strict: the first index of an exact tie stays
+        key2 = column_key(map_ptr, j2, None, KEYED)
+        s64 = exact_score(load_logprob(row_ptr + j2, True, FROM_PROBS), h_row, key2, CAP, RECIP)
+        if KEYED:
+            better = (s64 > res_score) | ((s64 == res_score) & (key2 < res_key))
+        else:
+            better = s64 > res_score  # strict: the first column of an exact tie (its lowest key) stays
+        if better:
             res_score = s64
+            res_key = key2
             res_idx = j2
     return res_score, res_idx

@@ -81,6 +81,50 @@ def test_equals_the_full_kernel_on_the_scattered_q():
     assert torch.equal(got, full)
 
 
+def _identity_rows(R, V, seed):
+    """Rows of every kind the two kernels' paths tell apart (columns are their own target ids here): dense, zero
+    chunks, flat (many near ties), and exact ties -- an all-zero row, +inf and NaN in two chunks, a NaN beside a
+    negative probability, a value above the screen's limit, and a zero probability on hash 2**32 - 1 (uncapped:
+    NaN) in a later chunk than a NaN."""
+    probs, _, seeds, positions = _case(R, V, V, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    probs[1] = probs[1].masked_fill(probs[1] < probs[1].topk(3).values[-1], 0.0)  # zero chunks beside live ones
+    probs[2] = 1.0 / V  # flat: only the noise decides
+    a, b = 5, V - 7  # first and last chunk
+    probs[3] = 0.0
+    probs[4, a], probs[4, b] = float("inf"), float("inf")
+    probs[5, b], probs[5, a] = float("nan"), float("nan")
+    probs[6, b], probs[6, a + 1] = float("nan"), -0.5
+    probs[7, a] = 2.0**20
+    positions[8] = position_with_hash(int(seeds[8]), a, 0xFFFFFFFF)
+    probs[8, a] = 0.0
+    probs[8, b] = float("nan")
+    probs[9:] = probs[9:] * torch.rand(R - 9, 1, generator=g)  # sub-stochastic rows: the race does not normalise
+    return probs, seeds, positions
+
+
+@pytest.mark.parametrize("V,block", [(300, 64), (256, 64), (70, None)])
+def test_identity_map_gives_the_full_race_bit_for_bit(V, block):
+    """``hot_to_target = arange(V)``: the keyed stages (kernels/coupled_race_probs.py, ``KEYED`` on) must reduce to
+    the full race's own (``KEYED`` off) -- every tie rule by target id to its first-column rule -- on every path:
+    lone candidates, near-tie rescoring, zero chunks, rescans, NaN and +inf ties, both clamps and both uniforms.
+    Kernel against kernel, no twin; the control below shows the comparison can fail."""
+    probs, seeds, positions = _identity_rows(12, V, seed=V)
+    identity = torch.arange(V)
+    args = (probs.to(DEV), seeds.to(DEV), positions.to(DEV))
+    for cap, uniform in VARIANTS:
+        full = coupled_race_probs(*args, cap_unit_uniform=cap, uniform=uniform, block_size=block)
+        hot = coupled_hot_race_probs(*args, identity.to(DEV), cap_unit_uniform=cap, uniform=uniform,
+                                     block_size=block)
+        assert torch.equal(hot, full), (cap, uniform, hot.tolist(), full.tolist())
+        # what the definition implies on the exact-tie rows, independently of either kernel
+        assert full[3:8].tolist() == [0, 5, 5, 6, 5] and full[8] == (V - 7 if cap else 5)
+    # control: another bijection of the same columns races other noise and breaks ties elsewhere
+    reversed_map = identity.flip(0).contiguous().to(DEV)
+    other = coupled_hot_race_probs(*args, reversed_map, block_size=block)
+    assert (other != coupled_race_probs(*args, block_size=block)).sum() >= 6
+
+
 def test_control_racing_by_column_index_is_another_race():
     """The tests above can fail: keying each hot column by its draft index (the full kernel on the reduced q, mapped
     to target ids afterwards) proposes other tokens on most rows."""
@@ -233,3 +277,16 @@ def test_gpu_graph_replay_reads_seeds_positions_probs_and_map_in_place():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, coupled_hot_race_reference(torch.log(probs), seeds, positions, hot))
+
+
+@gpu
+@pytest.mark.parametrize("R", [1, 8, 256])
+def test_gpu_identity_map_gives_the_full_race_bit_for_bit(R):
+    """The compiled keyed and unkeyed kernels (default launch, fast screen) at a Qwen3 target vocabulary: the hot race
+    over ``arange(V)`` is the full race, token for token."""
+    V = 151936
+    probs, _, seeds, positions = _cuda_case(R, V, V, seed=R)
+    identity = torch.arange(V, device="cuda")
+    for cap in (True, False):
+        full = coupled_race_probs(probs, seeds, positions, cap_unit_uniform=cap)
+        assert torch.equal(coupled_hot_race_probs(probs, seeds, positions, identity, cap_unit_uniform=cap), full)
