@@ -1,6 +1,6 @@
 """Fixtures for the end-to-end tests (real SGLang servers on a tiny model pair, the weighted one by default).
 
-A session-wide :class:`e2e_harness.ServerPool` starts, on first use, every server configuration named
+A session-wide :class:`e2e_servers.ServerPool` starts, on first use, every server configuration named
 by an ``e2e_server("<name>")`` marker on the selected tests, all at once, and stops them at the end
 of the session. Tests ask for a ready server with ``e2e_pool.ready(name)``.
 """
@@ -11,21 +11,13 @@ from pathlib import Path
 import pytest
 
 import e2e_harness
+import e2e_servers
 import family_harness
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e_server(name): the SGLang server configuration the test needs")
     config.addinivalue_line("markers", "slow: a long E2E variant, run only when its module's switch asks for it")
-
-
-class _Pool(e2e_harness.ServerPool):
-    def ready(self, name: str) -> e2e_harness.Server:
-        srv = self.get(name)
-        srv.wait_ready(self.timeout)
-        if not srv.alive():
-            pytest.fail(f"server {name} died; log tail:\n{srv.log_tail(80)}")
-        return srv
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +40,8 @@ def e2e_pool(request, tiny_models):
                 needed.append(m.args[0])
     # The model-family servers (tests/e2e/test_e2e_families.py): only the pairs the selected tests name are built.
     root = os.environ.get("DETSPEC_TINY_MODELS_ROOT")
-    pool = _Pool({**e2e_harness.server_specs(tiny_models),
-                  **family_harness.family_specs(Path(root) if root else None, needed)})
+    pool = e2e_servers.ServerPool({**e2e_harness.server_specs(tiny_models),
+                                   **family_harness.family_specs(Path(root) if root else None, needed)})
     pool.prelaunch = needed
     e2e_harness.record("_servers_planned", needed)
     yield pool

@@ -2,24 +2,18 @@
 model pair (weighted by default), HTTP trials whose batch composition changes, and a JSON results file.
 
 Only the standard library is used at import time, so the test modules import (and skip) on a machine
-without a GPU or without SGLang. Server start-up costs 70-120 s on an H200 for the tiny pair, so the
-:class:`ServerPool` starts every configuration the selected tests need *at once* (they are small: a
-capped KV pool each) and each test waits only for its own server.
+without a GPU or without SGLang. Server start-up costs 70-120 s on an H200 for the tiny pair, so a pool
+(``e2e_servers``, with the knobs that start the servers) starts every configuration the selected tests need *at
+once* (they are small: a capped KV pool each) and each test waits only for its own server.
 
-Environment knobs (all optional):
-
-* ``DETSPEC_E2E_OUT``       -- directory for ``e2e_results.json`` and the server logs
-                               (default: ``$TMPDIR/detspec-e2e``);
-* ``DETSPEC_E2E_PARALLEL``  -- ``0`` starts servers one at a time instead of all at once;
-* ``DETSPEC_E2E_START_TIMEOUT`` -- seconds to wait for one server (default 600);
-* ``DETSPEC_E2E_EXTRA_ARGS`` -- extra ``launch_server`` arguments appended to every configuration.
+``DETSPEC_E2E_OUT`` (optional) is the directory for ``e2e_results.json`` and the server logs (default:
+``$TMPDIR/detspec-e2e``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -333,34 +327,6 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Server process (sglang_detspec.server_process), with the E2E knobs from the environment
-
-
-class Server(server_process.Server):
-    """A server whose arguments end with DETSPEC_E2E_EXTRA_ARGS and whose process group is listed in
-    ``server_pids.txt`` of the results directory."""
-
-    log_prefix = "[detspec-e2e]"
-
-    def __init__(self, spec: ServerSpec, port: int, log_path: Path):
-        super().__init__(spec, port, log_path, extra_args=shlex.split(os.environ.get("DETSPEC_E2E_EXTRA_ARGS", "")),
-                         pid_file=out_dir() / "server_pids.txt")
-
-
-class ServerPool(server_process.ServerPool):
-    """Starts configurations on demand; the first request starts every name in ``prelaunch`` at once."""
-
-    def __init__(self, specs: Dict[str, ServerSpec]):
-        super().__init__(
-            specs, log_dir=out_dir(), make_server=Server,
-            # Several pools (the E2E tests, scripts/run_sglang_harness.py) may start servers on one machine at once.
-            base_port=int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000")),
-            parallel=os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0",
-            timeout=float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600")),
-        )
-
-
-# ---------------------------------------------------------------------------------------------
 # The check tool against a server
 
 
@@ -398,7 +364,7 @@ def check_summary(traffic: str, result: dict) -> dict:
     }
 
 
-def run_checks(servers: Dict[str, "Server"], traffic: Dict[str, str], *, trials: int, seed: int,
+def run_checks(servers: Dict[str, server_process.Server], traffic: Dict[str, str], *, trials: int, seed: int,
                annotate=None) -> Dict[str, dict]:
     """:func:`run_check` against every server at once (profile ``traffic[name]``); each summary goes to
     e2e_results.json as ``check_<name>`` (plus ``annotate(name, server)``'s fields), each report to checks/."""

@@ -37,6 +37,7 @@ except ImportError:  # sglang not installed: the marker is a runtime no-op anywa
 import fuzz_requests as fz
 
 import e2e_harness as h
+import e2e_servers
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
 
@@ -131,7 +132,7 @@ def runs(tiny_models):
             if i:
                 time.sleep(START_GAP_S)  # SGLang sizes its KV pool from the memory free after its own load
             port = h.free_port(port)
-            servers[spec.name] = h.Server(spec, port, h.out_dir() / f"server-{spec.name}.log")
+            servers[spec.name] = e2e_servers.Server(spec, port, h.out_dir() / f"server-{spec.name}.log")
             servers[spec.name].start()
             port += 200
         for srv in servers.values():

@@ -28,6 +28,7 @@ from sglang_detspec import server_process
 from sglang_detspec.checker.traffic import PROFILES
 
 import e2e_harness as h
+import e2e_servers
 import family_harness as fh
 from e2e_harness import register_cuda_ci
 
@@ -67,30 +68,12 @@ def _specs():
     return {s.name: s for s in specs}
 
 
-@pytest.fixture(scope="module")
-def pool():
-    reason = h.e2e_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    specs = _specs()
-    # Apart from the session pool's ports (31000+) and lossless_check's (32000+).
-    p = server_process.ServerPool(
-        specs, log_dir=h.out_dir(), make_server=h.Server,
-        base_port=int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000")) + 3000,
-        parallel=os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0",
-        timeout=float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600")),
-    )
-    p.prelaunch = list(specs)
-    yield p
-    p.close()
+# Apart from the session pool's ports (31000+) and lossless_check's (32000+).
+pool = e2e_servers.module_pool(_specs, port_offset=3000)
 
 
 def _ready(pool, name):
-    srv = pool.get(name)
-    srv.wait_ready(pool.timeout)
-    if not srv.alive():
-        pytest.fail(f"server {name} died; log tail:\n{srv.log_tail(80)}")
-    return srv
+    return pool.ready(name)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ import pytest
 from sglang_detspec import server_process
 
 import e2e_harness as h
+import e2e_servers
 from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
@@ -78,31 +79,8 @@ def _specs():
     return {s.name: s for s in specs}
 
 
-@pytest.fixture(scope="module")
-def pool():
-    reason = h.e2e_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    specs = _specs()
-    # Apart from the session pool's ports (31000+), the reduced-vocabulary module's (+3000) and lossless_check's
-    # (32000+).
-    p = server_process.ServerPool(
-        specs, log_dir=h.out_dir(), make_server=h.Server,
-        base_port=int(os.environ.get("DETSPEC_E2E_BASE_PORT", "31000")) + 5000,
-        parallel=os.environ.get("DETSPEC_E2E_PARALLEL", "1") != "0",
-        timeout=float(os.environ.get("DETSPEC_E2E_START_TIMEOUT", "600")),
-    )
-    p.prelaunch = list(specs)
-    yield p
-    p.close()
-
-
-def _ready(pool, name):
-    srv = pool.get(name)
-    srv.wait_ready(pool.timeout)
-    if not srv.alive():
-        pytest.fail(f"server {name} died; log tail:\n{srv.log_tail(80)}")
-    return srv
+# Apart from the session pool's ports (31000+), the reduced-vocabulary module's (+3000) and lossless_check's (32000+).
+pool = e2e_servers.module_pool(_specs, port_offset=5000)
 
 
 def _assert_refused(pool, name):
@@ -118,7 +96,7 @@ def _assert_refused(pool, name):
 
 @pytest.fixture(scope="module")
 def checks(pool):
-    servers = {name: _ready(pool, name) for name in SERVING}
+    servers = {name: pool.ready(name) for name in SERVING}
     return h.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
 
 

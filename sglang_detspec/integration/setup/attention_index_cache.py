@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import weakref
 from typing import Any, Callable, Mapping, Optional, Tuple
 
+from sglang_detspec.integration.setup.env_switch import env_switch
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
@@ -75,12 +75,7 @@ _logged_first_use = False
 def attention_index_cache_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
     """``SGLANG_DETSPEC_ATTN_INDEX_CACHE``: True for ``1``, False for ``0`` or unset; anything else is the
     ``attn_index_cache`` refusal (a ``ValueError``)."""
-    value = (os.environ if environ is None else environ).get(ATTN_INDEX_CACHE_ENV, "") or "0"
-    if value not in ("0", "1"):
-        from sglang_detspec.integration.setup.refusals import refuse
-
-        raise refuse("attn_index_cache", None, value=value)
-    return value == "1"
+    return env_switch(ATTN_INDEX_CACHE_ENV, "attn_index_cache", environ)
 
 
 def attention_index_cache_active() -> bool:

@@ -49,6 +49,7 @@ import logging
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from sglang_detspec.integration.setup.env_switch import env_switch
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
@@ -122,12 +123,7 @@ def plugin_ops_wanted(spec_algorithm: Any, token_id_sampler: bool, choice: str) 
 def fast_draft_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
     """``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT``: True for ``1``, False for ``0`` or unset; anything else is the
     ``fast_invariant_draft`` refusal (a ``ValueError``)."""
-    value = (os.environ if environ is None else environ).get(FAST_DRAFT_ENV, "") or "0"
-    if value not in ("0", "1"):
-        from sglang_detspec.integration.setup.refusals import refuse
-
-        raise refuse("fast_invariant_draft", None, value=value)
-    return value == "1"
+    return env_switch(FAST_DRAFT_ENV, "fast_invariant_draft", environ)
 
 
 @contextlib.contextmanager

@@ -97,6 +97,15 @@ REFUSALS: Dict[str, Refusal] = {
         "rejection sampling ignores accept thresholds",
         "Leave --speculative-accept-threshold-single and --speculative-accept-threshold-acc at 1.0.",
     ),
+    # Read from SGLang (0.5.17 - 0.5.23): EAGLEWorkerV2.init_token_map sets no hot map from the flag for EAGLE3, only
+    # a warning; the draft's own d2t map becomes hot_token_id at init_lm_head.
+    "token_map_eagle3": Refusal(
+        "--speculative-token-map {token_map} with an EAGLE3 algorithm",
+        "SGLang's EAGLE3 draft worker ignores the token map (with only a warning) and serves the EAGLE3 draft's own "
+        "d2t hot-token map, so the map passed would silently not be the one served",
+        "Drop --speculative-token-map: {name} serves an EAGLE3 draft's own d2t hot-token map. For an EAGLE draft "
+        "with a token map, use --speculative-algorithm DETSPEC_EAGLE.",
+    ),
     "token_map_invariant": Refusal(
         "--speculative-token-map {token_map} with an _INVARIANT algorithm",
         "the invariant mode's race over a token map's reduced (hot-token) vocabulary has never run on a GPU, so its "

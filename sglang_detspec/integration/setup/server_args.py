@@ -171,6 +171,10 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
         if value is not None and float(value) != 1.0:
             raise refuse("accept_threshold", name, field=field.replace("_", "-"), value=value)
     token_map = _flag(server_args, "speculative_token_map")
+    if token_map is not None and DETSPEC_TWINS[name] == "EAGLE3":
+        # Upstream's EAGLE3 worker ignores the flag (first: under DETSPEC_EAGLE3_INVARIANT too, the map is ignored
+        # rather than raced, so the invariant refusal's reason would not apply).
+        raise refuse("token_map_eagle3", name, token_map=token_map)
     if token_map is not None and scheme.scheme_for_algorithm(name) == scheme.COUPLED:
         # A token map is a reduced draft vocabulary (SGLang slices the draft's LM head to the hot ids), served by
         # DETSPEC_EAGLE through the same hot-vocabulary path as an EAGLE3 d2t map (the draft worker runs

@@ -3,13 +3,13 @@ accept length over many responses (tests/e2e/e2e_harness.py), and the five serve
 SGLang's own parser and resolution to the algorithm, worker, verify scheme, draft and graph settings they are meant
 to have (a typo in a flag would otherwise cost a GPU run)."""
 
-import argparse
 import os
 from pathlib import Path
 
 import pytest
 
 import e2e_harness as h
+from e2e_spec_resolution import resolve_spec
 
 # ---------------------------------------------------------------------------------------------------
 # compare_to_reference
@@ -115,22 +115,6 @@ def test_the_e2e_test_asks_for_these_servers_and_the_harness_has_them(models_and
     assert set(INVARIANT_SERVERS) <= set(specs)
 
 
-def _resolve(spec, monkeypatch):
-    from sglang_detspec.plugin import load_plugin
-
-    load_plugin()
-    from sglang.srt.server_args import ServerArgs
-
-    for key, value in spec.env.items():
-        monkeypatch.setenv(key, value)
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    sa = ServerArgs.from_cli_args(parser.parse_args(spec.args + ["--device", "cuda"]))  # resolution needs a device
-    if hasattr(sa, "resolve_once"):  # 0.5.23; 0.5.17 resolved in __post_init__
-        sa.resolve_once()
-    return sa
-
-
 @pytest.mark.parametrize("name", INVARIANT_SERVERS)
 def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
     from sglang_detspec.integration import compat
@@ -139,7 +123,7 @@ def test_invariant_specs_resolve_as_meant(models_and_specs, name, monkeypatch):
 
     root, models, specs = models_and_specs
     spec = specs[name]
-    sa = _resolve(spec, monkeypatch)
+    sa = resolve_spec(spec, monkeypatch)
     got = {f: compat.read_field(sa, f, None) for f in (
         "speculative_algorithm", "speculative_draft_model_path", "enable_deterministic_inference",
         "cuda_graph_max_bs_decode", "cuda_graph_backend_decode", "cuda_graph_backend_prefill")}
@@ -193,7 +177,7 @@ def test_invariant_pressure_specs_resolve_as_meant(models_and_specs, name, monke
 
     _, models, specs = models_and_specs
     spec = specs[name]
-    sa = _resolve(spec, monkeypatch)
+    sa = resolve_spec(spec, monkeypatch)
     assert compat.read_field(sa, "speculative_algorithm", None) == (
         "DETSPEC_EAGLE" if name.startswith("detspec_") else "DETSPEC_EAGLE_INVARIANT")
     assert Path(compat.read_field(sa, "speculative_draft_model_path", None)) == models.eagle_draft

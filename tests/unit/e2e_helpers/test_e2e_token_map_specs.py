@@ -4,13 +4,14 @@ raised there with exactly the text the GPU test looks for in the server logs. Th
 sampling with a token map) happens in the draft worker, which needs a GPU; here its text is checked against the
 installed SGLang's source."""
 
-import argparse
 import inspect
 import re
 from pathlib import Path
 
 import pytest
 import test_e2e_token_map as e2e
+
+from e2e_spec_resolution import resolve_spec
 
 
 @pytest.fixture(scope="module")
@@ -20,22 +21,6 @@ def built(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DETSPEC_TINY_MODELS_ROOT", str(root))
         return root, e2e._specs()
-
-
-def _resolve(spec, monkeypatch):
-    from sglang_detspec.plugin import load_plugin
-
-    load_plugin()
-    from sglang.srt.server_args import ServerArgs
-
-    for key, value in spec.env.items():
-        monkeypatch.setenv(key, value)
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    sa = ServerArgs.from_cli_args(parser.parse_args(spec.args + ["--device", "cuda"]))
-    if hasattr(sa, "resolve_once"):  # 0.5.23; 0.5.17 resolved in __post_init__
-        sa.resolve_once()
-    return sa
 
 
 def test_the_module_serves_two_and_refuses_two(built):
@@ -55,7 +40,7 @@ def test_served_specs_resolve_to_detspec_eagle_with_the_token_map(built, name, m
     from sglang_detspec.models.token_map import ensure_weighted_token_map
 
     root, specs = built
-    sa = _resolve(specs[name], monkeypatch)
+    sa = resolve_spec(specs[name], monkeypatch)
     read = lambda f: compat.read_field(sa, f, None)  # noqa: E731
     models = ensure_tiny_models(root, pair="weighted")
     assert read("speculative_algorithm") == "DETSPEC_EAGLE"
@@ -74,7 +59,7 @@ def test_refused_specs_raise_the_text_the_gpu_test_looks_for(built, name, monkey
 
     spec = built[1][name]
     with pytest.raises(DetspecConfigError) as e:
-        _resolve(spec, monkeypatch)
+        resolve_spec(spec, monkeypatch)
     for needle in e2e.REFUSAL_NEEDLES[name]:
         assert needle in str(e.value), (needle, str(e.value))
 
@@ -85,7 +70,7 @@ def test_the_invariant_refusal_is_the_token_maps(built, monkeypatch):
     spec = built[1]["token_map_invariant"]
     at = spec.args.index("--speculative-token-map")
     args = spec.args[:at] + spec.args[at + 2:]
-    sa = _resolve(type(spec)(spec.name, args), monkeypatch)
+    sa = resolve_spec(type(spec)(spec.name, args), monkeypatch)
     assert sa.speculative_algorithm == "DETSPEC_EAGLE_INVARIANT"
 
 
@@ -94,7 +79,7 @@ def test_upstream_rejection_sampling_refusal_text_is_the_installed_sglangs(built
     from sglang.srt.speculative import eagle_worker_v2
 
     spec = built[1]["token_map_builtin_eagle_rs"]
-    sa = _resolve(spec, monkeypatch)  # upstream's argument resolution lets it through; its draft worker refuses
+    sa = resolve_spec(spec, monkeypatch)  # upstream's argument resolution lets it through; its draft worker refuses
     assert sa.speculative_algorithm == "EAGLE" and sa.speculative_use_rejection_sampling is True
     source = re.sub(r'"\s*\n\s*f?"', "", inspect.getsource(eagle_worker_v2))  # join implicitly concatenated literals
     needle, sizes = e2e.REFUSAL_NEEDLES["token_map_builtin_eagle_rs"]

@@ -3,13 +3,13 @@ specs (tests/e2e/family_harness.py), resolved by SGLang's own parser and resolut
 refused there, as the GPU test expects at start-up), and the module's own plumbing on fake servers -- sweeps, checks,
 the control's refusal path -- with its assertions passing and failing where they should."""
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 import e2e_harness as h
 import family_harness as fh
+from e2e_spec_resolution import resolve_spec
 
 # ---------------------------------------------------------------------------------------------------
 # Names
@@ -63,22 +63,6 @@ def test_the_e2e_module_asks_for_every_served_pairs_servers_and_the_refusals():
     assert set(e2e.CHECKS) | set(e2e.SWEEP_ROLES) <= set(fh.ROLES) == set(e2e.LOG_LINES)
 
 
-def _resolve(spec, monkeypatch):
-    from sglang_detspec.plugin import load_plugin
-
-    load_plugin()
-    from sglang.srt.server_args import ServerArgs
-
-    for key, value in spec.env.items():
-        monkeypatch.setenv(key, value)
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    sa = ServerArgs.from_cli_args(parser.parse_args(spec.args + ["--device", "cuda"]))
-    if hasattr(sa, "resolve_once"):  # 0.5.23; 0.5.17 resolved in __post_init__
-        sa.resolve_once()
-    return sa
-
-
 #: role -> (algorithm as resolved, deterministic, graphs off, token-id env)
 MEANT = {
     "detspec_graph": ("DETSPEC_EAGLE", True, False, False),
@@ -100,7 +84,7 @@ def test_served_specs_resolve_as_meant(specs, pair, role, monkeypatch):
     root, all_specs = specs
     spec = all_specs[fh.server_name(pair, role)]
     assert not spec.expect_exit
-    sa = _resolve(spec, monkeypatch)
+    sa = resolve_spec(spec, monkeypatch)
     read = lambda f: compat.read_field(sa, f, None)  # noqa: E731
     algorithm, deterministic, graphs_off, token_id = MEANT[role]
     assert read("speculative_algorithm") == algorithm
@@ -126,7 +110,7 @@ def test_deepseek_on_flashinfer_is_refused_by_sglangs_resolution(specs, monkeypa
     spec = specs[1][fh.server_name("deepseek_mtp", "detspec_flashinfer")]
     assert spec.expect_exit
     with pytest.raises(ValueError) as e:
-        _resolve(spec, monkeypatch)
+        resolve_spec(spec, monkeypatch)
     assert fh.refusal_line(str(e.value), "supported for deterministic inference", "flashinfer"), str(e.value)
 
 

@@ -205,6 +205,11 @@ REFUSALS = [
     # the invariant mode's race over a token map has never run on a GPU (DETSPEC_EAGLE serves one: below)
     ("token-map-invariant", "DETSPEC_EAGLE_INVARIANT", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
      "--speculative-token-map /nonexistent/hot_tokens.pt with an _INVARIANT algorithm", None),
+    # upstream's EAGLE3 worker ignores a token map (it serves the draft's own d2t map), under either EAGLE3 algorithm
+    ("token-map-eagle3", "DETSPEC_EAGLE3", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
+     "--speculative-token-map /nonexistent/hot_tokens.pt with an EAGLE3 algorithm", None),
+    ("token-map-eagle3-invariant", "DETSPEC_EAGLE3_INVARIANT", dict(speculative_token_map="/nonexistent/hot_tokens.pt"),
+     "--speculative-token-map /nonexistent/hot_tokens.pt with an EAGLE3 algorithm", None),
     ("block-verification", "DETSPEC_EAGLE", dict(speculative_use_block_verification=True),
      "--speculative-use-block-verification", "speculative_use_block_verification"),
     ("watermark", "DETSPEC_EAGLE", dict(enable_watermark=True), "--enable-watermark", "enable_watermark"),
@@ -335,7 +340,7 @@ def test_check_draft_vocab_for_worker_init(monkeypatch, caplog):
         assert "SGLANG_DETSPEC_REDUCED_VOCAB" not in str(info.value)
 
 
-def test_token_map_is_served_without_an_opt_in_single_layer_and_not_invariant(models, monkeypatch, tmp_path, caplog):
+def test_token_map_is_served_by_detspec_eagle_single_layer_only(models, monkeypatch, tmp_path, caplog):
     monkeypatch.delenv("SGLANG_DETSPEC_REDUCED_VOCAB", raising=False)
     token_map = str(tmp_path / "hot_tokens.pt")  # the file is read by the draft worker, not at resolution
     with caplog.at_level("WARNING"):
@@ -343,12 +348,20 @@ def test_token_map_is_served_without_an_opt_in_single_layer_and_not_invariant(mo
     assert resolved(sa, "speculative_algorithm", "speculative_token_map") == {
         "speculative_algorithm": "DETSPEC_EAGLE", "speculative_token_map": token_map}
     assert "vocab" not in caplog.text.lower()
-    for name in ("DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT"):
-        with pytest.raises(DetspecConfigError, match="--speculative-token-map") as info:
+    with pytest.raises(DetspecConfigError, match="--speculative-token-map") as info:
+        resolve(**base_args(models, "DETSPEC_EAGLE_INVARIANT", speculative_token_map=token_map))
+    msg = str(info.value)
+    assert "with an _INVARIANT algorithm" in msg and "never run on a GPU" in msg
+    assert "DETSPEC_EAGLE with the map" in msg and "or DETSPEC_EAGLE_INVARIANT without the map" in msg
+    # SGLang's EAGLE3 worker ignores a token map (EAGLEWorkerV2.init_token_map, 0.5.17 - 0.5.23): refused under both
+    # EAGLE3 algorithms, the invariant one included, pointing at the draft's own hot map.
+    for name in ("DETSPEC_EAGLE3", "DETSPEC_EAGLE3_INVARIANT"):
+        with pytest.raises(DetspecConfigError) as info:
             resolve(**base_args(models, name, speculative_token_map=token_map))
         msg = str(info.value)
-        assert "with an _INVARIANT algorithm" in msg and "never run on a GPU" in msg
-        assert "DETSPEC_EAGLE with the map" in msg and f"or {name} without the map" in msg
+        assert msg.startswith(f"--speculative-algorithm {name} cannot be used with --speculative-token-map {token_map} "
+                              "with an EAGLE3 algorithm: "), msg
+        assert "ignores the token map" in msg and "Drop --speculative-token-map" in msg and "d2t" in msg
     with pytest.raises(DetspecConfigError, match="with multi-layer EAGLE"):
         resolve(**base_args(models, "DETSPEC_EAGLE", speculative_token_map=token_map,
                             enable_multi_layer_eagle=True))

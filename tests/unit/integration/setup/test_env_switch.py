@@ -1,0 +1,47 @@
+"""The one reader of the plugin's on/off environment variables (integration/setup/env_switch.py): ``1`` on, ``0`` /
+empty / unset off, anything else the caller's refusal from the one table, naming the variable and the accepted
+values."""
+
+import pytest
+
+from sglang_detspec.integration.setup.env_switch import env_switch
+from sglang_detspec.integration.setup.refusals import DetspecConfigError
+
+# The switches read through it, with their refusal rows; the names written out (they are user-facing).
+SWITCHES = [
+    ("SGLANG_DETSPEC_FAST_INVARIANT_DRAFT", "fast_invariant_draft"),
+    ("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "attn_index_cache"),
+]
+
+
+@pytest.mark.parametrize("variable, key", SWITCHES)
+@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_allowed_values(variable, key, value, expected):
+    environ = {} if value is None else {variable: value}
+    assert env_switch(variable, key, environ) is expected
+
+
+@pytest.mark.parametrize("variable, key", SWITCHES)
+@pytest.mark.parametrize("value", ["true", "on", "yes", "2", "01", " 1", "1 ", "-1", "off"])
+def test_any_other_value_is_the_callers_refusal(variable, key, value):
+    with pytest.raises(DetspecConfigError) as info:
+        env_switch(variable, key, {variable: value})
+    message = str(info.value)
+    assert message.startswith(f"{variable}={value!r} is not an allowed value: ")
+    assert "'1'" in message and "'0' / unset" in message
+
+
+def test_another_variable_is_not_read():
+    assert env_switch("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "attn_index_cache",
+                      {"SGLANG_DETSPEC_FAST_INVARIANT_DRAFT": "1"}) is False
+
+
+def test_the_process_environment_is_read_by_default(monkeypatch):
+    variable, key = SWITCHES[0]
+    monkeypatch.setenv(variable, "1")
+    assert env_switch(variable, key) is True
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(DetspecConfigError, match=variable):
+        env_switch(variable, key)
+    monkeypatch.delenv(variable)
+    assert env_switch(variable, key) is False
