@@ -63,7 +63,7 @@ CONFIGS: Tuple[BenchConfig, ...] = (
                 opt_in=True, env=(("SGLANG_DETSPEC_TOKEN_ID_SAMPLER", "1"),)),
     # DETSPEC_EAGLE with the deterministic Triton attention's unified KV indices built once per forward instead of
     # per layer (SGLANG_DETSPEC_ATTN_INDEX_CACHE=1, issue 32): what the cache gains beside "detspec". Opt-in, like
-    # the switch itself, until a GPU run measured it.
+    # the switch itself.
     BenchConfig("detspec_attn_cache", "DETSPEC_EAGLE, attention indices built once per forward", "DETSPEC_EAGLE",
                 False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "1"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):

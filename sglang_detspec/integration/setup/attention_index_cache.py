@@ -13,7 +13,7 @@ their GPU time.
 
 What
 ----
-``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1`` (``0`` / unset: off; anything else is refused; opt-in until measured on a GPU)
+``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1`` (``0`` / unset: off; anything else is refused; opt-in, docs/kernels.md)
 on a DETSPEC server or the token-id reference server, in deterministic mode. The plugin re-implements nothing of
 SGLang's function; an AROUND hook on ``_forward_extend_unified`` and a per-backend wrapper of its
 ``build_unified_kv_indices`` memoise SGLang's own results:
@@ -237,8 +237,8 @@ def enable_for_model_runner(model_runner: Any) -> None:
         )
     if not _active:
         logger.info("sglang-detspec: %s=1: SGLang's deterministic Triton attention builds its unified KV indices once "
-                    "per forward for layers without a sliding window (other attention backends are unaffected; not "
-                    "yet measured on a GPU).", ATTN_INDEX_CACHE_ENV)
+                    "per forward for layers without a sliding window (other attention backends are unaffected).",
+                    ATTN_INDEX_CACHE_ENV)
     _set_active(True)
 
 

@@ -26,7 +26,7 @@ With ``--rl-on-policy-target`` SGLang's own ops always run: their numbers are th
 
 The speculation-invariant draft on cuBLAS
 ----------------------------------------
-``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1`` (opt-in until measured on a GPU): on a ``DETSPEC_*_INVARIANT`` server
+``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1`` (opt-in; its GPU check is in docs/kernels.md): on a ``DETSPEC_*_INVARIANT`` server
 every forward of the draft model computes its GEMMs with cuBLAS (``aten::addmm.out``, which SGLang's deterministic
 mode leaves alone on every release) instead of a batch-invariant kernel. The invariant mode's tokens are the
 target's seeded race's, whatever the draft proposed (the draft only changes how many are accepted), so its draft
@@ -376,7 +376,7 @@ def _maybe_fast_draft(model_runner: Any) -> None:
         raise RuntimeError(f"sglang-detspec: {FAST_DRAFT_ENV}=1 but the {name} draft model runner has no model")
     _on_fast_kernels(model)
     logger.info("sglang-detspec: %s=1: the %s draft computes its GEMMs with cuBLAS (its tokens are the target's "
-                "seeded race's whatever it proposes; not yet measured on a GPU).", FAST_DRAFT_ENV, name)
+                "seeded race's whatever it proposes).", FAST_DRAFT_ENV, name)
 
 
 def install_batch_invariant_ops() -> List[str]:

@@ -33,7 +33,9 @@ def test_skipped_positions_are_the_steps_without_a_run():
     assert e2e._skipped_positions((("a", "b"), ("c", "x")), PLAIN) is None
 
 
-def test_a_step_ending_inside_a_utf8_character_is_told_apart():
+def test_a_step_the_detokenizer_holds_back_is_told_apart():
     euro = "€".encode()  # three bytes
-    tokens = (tuple(b"a"), tuple(euro[:1]), tuple(euro[1:]), tuple(b"b"))
-    assert [e2e._ends_inside_a_character(tokens, i) for i in range(4)] == [False, True, False, False]
+    tokens = (tuple(b"a"), tuple(euro[:1]), tuple(euro[1:]), tuple(b"b"), (0x80,), tuple(b"c"), ())
+    held = [e2e._held_back_by_the_detokenizer(tokens, i) for i in range(len(tokens))]
+    # inside the euro sign; a lone continuation byte (U+FFFD); a token adding no text
+    assert held == [False, True, False, False, True, False, True]
