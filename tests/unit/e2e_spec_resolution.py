@@ -21,3 +21,25 @@ def resolve_spec(spec, monkeypatch):
     if hasattr(sa, "resolve_once"):  # 0.5.23; 0.5.17 resolved in __post_init__
         sa.resolve_once()
     return sa
+
+
+#: Model paths that never exist: building specs reads only their names.
+FAKE_MODELS = type("Models", (), {"target": "/c/weighted/t", "eagle_draft": "/d", "eagle3_draft": "/d3"})()
+
+
+def session_specs(harness, monkeypatch):
+    """``harness.server_specs`` of the weighted pair on :data:`FAKE_MODELS`, without the multi-layer and invariant
+    servers (they need a draft built on disk)."""
+    monkeypatch.setattr(harness, "multi_layer_specs", lambda *args: [])
+    monkeypatch.setattr(harness, "invariant_specs", lambda *args: [])
+    return harness.server_specs(FAKE_MODELS, pair="weighted")
+
+
+def invariant_session_specs(harness, monkeypatch):
+    """``harness.invariant_specs`` of the weighted pair on :data:`FAKE_MODELS`, by name, with the second draft and the
+    multi-layer arguments stubbed (they need models on disk)."""
+    import sglang_detspec.models.second_eagle_draft as second
+
+    monkeypatch.setattr(harness, "multi_layer_args", lambda *args: [])
+    monkeypatch.setattr(second, "ensure_second_eagle_draft", lambda root: "/d2")
+    return {s.name: s for s in harness.invariant_specs(FAKE_MODELS, ["--model-path", "/t"], "weighted")}

@@ -7,6 +7,8 @@ import test_e2e_attn_index_cache as e2e
 
 from sglang_detspec.integration.setup import attention_index_cache as aic
 
+from e2e_spec_resolution import session_specs
+
 
 def test_first_use_needle_is_what_the_hook_logs(monkeypatch, caplog):
     """The hook runs with the cache on, on a window-less layer, around an original that does nothing."""
@@ -27,10 +29,7 @@ def test_the_cached_servers_are_the_uncached_ones_with_the_switch(monkeypatch):
     import e2e_harness as h
 
     assert h.ATTN_INDEX_CACHE_ENV == aic.ATTN_INDEX_CACHE_ENV
-    models = type("Models", (), {"target": "/t", "eagle_draft": "/d", "eagle3_draft": "/d3"})()
-    monkeypatch.setattr(h, "multi_layer_specs", lambda *args: [])
-    monkeypatch.setattr(h, "invariant_specs", lambda *args: [])
-    specs = h.server_specs(models, pair="weighted")
+    specs = session_specs(h, monkeypatch)
     for cached, plain in zip(e2e.CACHED, e2e.UNCACHED):
         assert specs[cached].args == specs[plain].args, (cached, plain)
         assert dict(specs[cached].env) == {aic.ATTN_INDEX_CACHE_ENV: "1"} and not specs[plain].env

@@ -13,6 +13,8 @@ from sglang_detspec.bench.serving_bench import results
 from sglang_detspec.integration.setup import algorithm
 from sglang_detspec.integration.setup import batch_invariant_ops as bio
 
+from e2e_spec_resolution import invariant_session_specs
+
 
 def test_the_needle_is_what_the_plugin_logs_for_an_invariant_draft(monkeypatch, caplog):
     pytest.importorskip("sglang")
@@ -32,12 +34,7 @@ def test_the_fast_servers_are_the_invariant_servers_with_the_switch(monkeypatch)
     import e2e_harness as h
 
     assert h.FAST_INVARIANT_DRAFT_ENV == bio.FAST_DRAFT_ENV
-    models = type("Models", (), {"target": "/c/weighted/t", "eagle_draft": "/d", "eagle3_draft": "/d3"})()
-    monkeypatch.setattr(h, "multi_layer_args", lambda *args: [])
-    import sglang_detspec.models.second_eagle_draft as second
-
-    monkeypatch.setattr(second, "ensure_second_eagle_draft", lambda root: "/d2")
-    specs = {s.name: s for s in h.invariant_specs(models, ["--model-path", "/t"], "weighted")}
+    specs = invariant_session_specs(h, monkeypatch)
     for fast, plain in zip(e2e.FAST, ("invariant_graph", "invariant_nograph")):
         assert specs[fast].args == specs[plain].args, (fast, plain)
         assert dict(specs[fast].env) == {bio.FAST_DRAFT_ENV: "1"} and not specs[plain].env

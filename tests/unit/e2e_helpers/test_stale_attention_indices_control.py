@@ -11,6 +11,7 @@ import pytest
 from sglang_detspec.integration.setup import attention_index_cache as aic
 
 import e2e_harness as h
+from e2e_spec_resolution import session_specs
 
 
 def _load_control():
@@ -75,10 +76,7 @@ def test_the_control_server_is_the_graphs_on_cached_server_with_the_control(monk
     pytest.importorskip("sglang")
     import test_e2e_attn_index_cache as e2e
 
-    models = type("Models", (), {"target": "/t", "eagle_draft": "/d", "eagle3_draft": "/d3"})()
-    monkeypatch.setattr(h, "multi_layer_specs", lambda *args: [])
-    monkeypatch.setattr(h, "invariant_specs", lambda *args: [])
-    specs = h.server_specs(models, pair="weighted")
+    specs = session_specs(h, monkeypatch)
     control, plain = specs[e2e.STALE_CONTROL], specs[e2e.UNCACHED[0]]
     assert [a for a in control.args] == [a for a in plain.args if a not in ("--chat-template", "chatml")]
     assert control.env[aic.ATTN_INDEX_CACHE_ENV] == "1"
