@@ -293,6 +293,29 @@ REFUSALS: Dict[str, Refusal] = {
         "Use '1' (the DETSPEC_*_INVARIANT draft's GEMMs on cuBLAS) or '0' / unset (the batch-invariant kernels).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "token_id_sampler_value": Refusal(
+        "SGLANG_DETSPEC_TOKEN_ID_SAMPLER={value!r}",
+        "it chooses whether a non-speculative deterministic server samples with the token-id-keyed target sampler, "
+        "and a typo read as off would give a reference server that silently keys by rank",
+        "Use SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1 to sample with the token-id-keyed target sampler on a non-speculative "
+        "--enable-deterministic-inference server, or unset it (or 0) for SGLang's own sampler.",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
+    "token_id_sampler_algorithm": Refusal(
+        "--speculative-algorithm {algorithm}",
+        "it keys only the target Sampler by token id, while that algorithm's verify samples the speculated tokens its "
+        "own way, so the outputs would match neither a non-speculative server nor a DETSPEC one",
+        "Use --speculative-algorithm DETSPEC_EAGLE_INVARIANT (DETSPEC_EAGLE3_INVARIANT for EAGLE3 drafts), or unset "
+        "SGLANG_DETSPEC_TOKEN_ID_SAMPLER.",
+        form="SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1 cannot be used with {flag}: {why}. {fix}",
+    ),
+    "token_id_sampler_nondeterministic": Refusal(
+        "--enable-deterministic-inference",
+        "it changes only how *seeded* sampling keys its noise, and SGLang seeds sampling only in deterministic mode, "
+        "so without it the variable would do nothing",
+        "Add --enable-deterministic-inference, or unset SGLANG_DETSPEC_TOKEN_ID_SAMPLER.",
+        form="SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1 needs {flag}: {why}. {fix}",
+    ),
     "attn_index_cache": Refusal(
         "SGLANG_DETSPEC_ATTN_INDEX_CACHE={value!r}",
         "it chooses whether the deterministic Triton attention builds its unified KV indices once per forward, and a "

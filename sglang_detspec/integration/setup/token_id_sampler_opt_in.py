@@ -33,7 +33,6 @@ captured CUDA graph (no graph runner references ``model_runner.sampler``), so a 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Mapping, Optional
 
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
@@ -53,52 +52,27 @@ __all__ = [
 TOKEN_ID_SAMPLER_ENV = "SGLANG_DETSPEC_TOKEN_ID_SAMPLER"
 TARGET_WORKER_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.init_tp_model_worker"
 
-_OFF = ("", "0")
-_ON = "1"
-
 
 def token_id_sampler_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER`` asks for the token-id sampler; ``ValueError`` for a bad value.
+    """Whether ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER`` asks for the token-id sampler (read by :func:`.env_switch`: a typo
+    read as off would give a reference server that silently keys by rank, so it is refused)."""
+    from sglang_detspec.integration.setup.env_switch import env_switch
 
-    Strict on purpose: ``true`` / ``yes`` / `` 1`` are refused rather than guessed, because reading a typo as "off"
-    would give a reference server that silently keys by rank.
-    """
-    value = (os.environ if environ is None else environ).get(TOKEN_ID_SAMPLER_ENV)
-    if value is None or value in _OFF:
-        return False
-    if value == _ON:
-        return True
-    from sglang_detspec.integration.setup.refusals import DetspecConfigError
-
-    raise DetspecConfigError(
-        f"{TOKEN_ID_SAMPLER_ENV}={value!r} is not an allowed value: use {TOKEN_ID_SAMPLER_ENV}=1 to sample with the "
-        "token-id-keyed target sampler on a non-speculative --enable-deterministic-inference server, or unset it "
-        "(or 0) for SGLang's own sampler."
-    )
+    return env_switch(TOKEN_ID_SAMPLER_ENV, "token_id_sampler_value", environ)
 
 
 def check_opt_in(spec_algorithm: Any, deterministic: bool) -> bool:
     """With the variable set to 1: True when this scheduler must install the sampler itself, False when a DETSPEC
     algorithm's worker already does; raises ``DetspecConfigError`` for a server it cannot serve."""
     from sglang_detspec.integration.setup.algorithm import DetspecSpecAlgo
-    from sglang_detspec.integration.setup.refusals import DetspecConfigError
+    from sglang_detspec.integration.setup.refusals import refuse
 
     if isinstance(spec_algorithm, DetspecSpecAlgo):
         return False
     if spec_algorithm is not None and not spec_algorithm.is_none():
-        name = getattr(spec_algorithm, "name", spec_algorithm)
-        raise DetspecConfigError(
-            f"{TOKEN_ID_SAMPLER_ENV}=1 cannot be used with --speculative-algorithm {name}: it keys only the target "
-            "Sampler by token id, while that algorithm's verify samples the speculated tokens its own way, so the "
-            "outputs would match neither a non-speculative server nor a DETSPEC one. Use --speculative-algorithm "
-            f"DETSPEC_EAGLE_INVARIANT (DETSPEC_EAGLE3_INVARIANT for EAGLE3 drafts), or unset {TOKEN_ID_SAMPLER_ENV}."
-        )
+        raise refuse("token_id_sampler_algorithm", None, algorithm=getattr(spec_algorithm, "name", spec_algorithm))
     if not deterministic:
-        raise DetspecConfigError(
-            f"{TOKEN_ID_SAMPLER_ENV}=1 needs --enable-deterministic-inference: it changes only how *seeded* sampling "
-            "keys its noise, and SGLang seeds sampling only in deterministic mode, so without it the variable would "
-            f"do nothing. Add --enable-deterministic-inference, or unset {TOKEN_ID_SAMPLER_ENV}."
-        )
+        raise refuse("token_id_sampler_nondeterministic", None)
     return True
 
 
