@@ -112,11 +112,13 @@ LAUNCH_TABLE: Tuple[Tuple[float, Tuple[GemmConfig, ...]], ...] = (
 #: the last bound falls back to :data:`LAUNCH_TABLE`), as printed by ``scripts/bench/bench_gemm.py --tune``.
 SHAPE_LAUNCH_TABLE: Dict[Tuple[int, int], Tuple[Tuple[float, GemmConfig], ...]] = {}
 del C
-#: Split-K per weight shape ``(K, N) -> splits`` (none by default).  A split changes the reduction (each split's
-#: partial sum starts from zero; the partials are added in split order), so it belongs to the weight, never to M.
-#: It gives long-K, small-N weights more programs at small M; above :data:`SPLIT_PROGRAMS_MAX_M` rows every
-#: program folds all splits itself (same additions, same bits, no workspace).
-SPLIT_K_TABLE: Dict[Tuple[int, int], int] = {}
+#: Split-K per weight shape ``(K, N) -> splits``.  A split changes the reduction (each split's partial sum starts
+#: from zero; the partials are added in split order), so it belongs to the weight, never to M.  It gives long-K,
+#: small-N weights more programs at small M; above :data:`SPLIT_PROGRAMS_MAX_M` rows every program folds all splits
+#: itself (same additions, same bits, no workspace).  Entries: the mid-size pair's down projection and EAGLE fc,
+#: which a 4-way split brings to cuBLAS's time at M = 1 - 16 on an H100 (``bench_gemm.py --split-k 4``,
+#: docs/results.md); tests/gpu/test_batch_invariant_gemm.py checks their rows for every M.
+SPLIT_K_TABLE: Dict[Tuple[int, int], int] = {(5632, 2048): 4, (4096, 2048): 4}
 #: Up to this many rows a split runs as programs of its own, their fp32 partials added by a second launch.
 SPLIT_PROGRAMS_MAX_M = 64
 _FOLD_MAX_TILE = 128 * 128  # folding keeps two accumulators: larger tiles spill registers

@@ -232,6 +232,10 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_attn_cache_nograph", detspec + GRAPHS_OFF, env={ATTN_INDEX_CACHE_ENV: "1"}),
         ServerSpec("detspec_eagle_attn_cache_stale_control", detspec,
                    env=with_control(STALE_ATTENTION_INDICES_CONTROL, {ATTN_INDEX_CACHE_ENV: "1"})),
+        # The same servers with the cache turned off (SGLang's per-layer build): the tokens the cached ones must give.
+        ServerSpec("detspec_eagle_no_attn_cache_graph", detspec + ["--chat-template", "chatml"],
+                   env={ATTN_INDEX_CACHE_ENV: "0"}),
+        ServerSpec("detspec_eagle_no_attn_cache_nograph", detspec + GRAPHS_OFF, env={ATTN_INDEX_CACHE_ENV: "0"}),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -269,7 +273,7 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
     ]
 
 
-#: The opt-in switch that builds the deterministic Triton attention's unified KV indices once per forward.
+#: The switch (on by default) that builds the deterministic Triton attention's unified KV indices once per forward.
 ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
 FAST_INVARIANT_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 

@@ -1,9 +1,11 @@
-"""End to end: DETSPEC_EAGLE with ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1`` (the deterministic Triton attention's unified
-KV indices built once per forward instead of per layer, issue 32) gives the tokens of the server without it.
+"""End to end: DETSPEC_EAGLE with the attention index cache (the deterministic Triton attention's unified KV indices
+built once per forward instead of per layer, issue 32; on by default, ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=0`` turns it
+off) gives the tokens of the server without it.
 
 The cache only reuses integer indices that SGLang would rebuild identically for every window-less layer, so the
 attention numbers, hence the tokens, must be bit-identical: the probe's tokens of the cached servers (CUDA graphs on
-and off) must equal those of ``detspec_eagle_graph`` / ``_nograph`` under every traffic profile of
+and off, ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1``) must equal those of ``detspec_eagle_no_attn_cache_graph`` /
+``_nograph`` (``=0``) under every traffic profile of
 ``sglang-detspec check`` (one output per profile, seeds check passed), and each cached server's log must say the
 cache ran (its first-use line), so a cache that never engaged cannot pass. A stale index under CUDA-graph replay
 (a graph reading another capture's or the warm-up's tensors) would attend over wrong KV slots and change tokens.
@@ -12,8 +14,8 @@ The control that must fail: ``detspec_eagle_attn_cache_stale_control`` runs the 
 ``tests/e2e/controls/stale_attention_indices`` (the record kept from the eager warm-up into graph capture); its
 probe's tokens must differ from the uncached servers', so the token comparison above can see a stale index.
 
-The speed it gains is measured by ``bench-serve --configs detspec,detspec_attn_cache`` and
-``scripts/bench/profile_ops.py --configs detspec,detspec_attn_cache`` (docs/kernels.md).
+Every other E2E module runs its DETSPEC servers with the cache on, its default. The speed it gains is measured by
+``bench-serve --configs detspec_no_attn_cache,detspec`` and ``scripts/bench/profile_ops.py`` (docs/kernels.md).
 """
 
 import pytest
@@ -26,9 +28,9 @@ register_cuda_ci(est_time=400, suite="detspec-e2e")
 SEED = 1234
 TRIALS = 12
 CACHED = ("detspec_eagle_attn_cache_graph", "detspec_eagle_attn_cache_nograph")
-UNCACHED = ("detspec_eagle_graph", "detspec_eagle_nograph")
+UNCACHED = ("detspec_eagle_no_attn_cache_graph", "detspec_eagle_no_attn_cache_nograph")
 STALE_CONTROL = "detspec_eagle_attn_cache_stale_control"
-FIRST_USE = "SGLANG_DETSPEC_ATTN_INDEX_CACHE=1: the deterministic Triton attention reuses one forward's unified KV"
+FIRST_USE = "attention index cache: the deterministic Triton attention reuses one forward's unified KV indices"
 
 pytestmark = h.module_marks(*CACHED, *UNCACHED, STALE_CONTROL)
 

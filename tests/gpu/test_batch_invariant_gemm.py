@@ -9,8 +9,9 @@ Llama-3-8B-shaped one, qkv / o / gate_up / down / lm_head and the EAGLE draft's 
   the bfloat16 rounding hides would still be a rounding difference between tiles;
 * the int64-offset variant of the kernel compiles and gives the same bits;
 * the small-M launches with ``mask_rows=False`` (row 0 recomputed past M) give the default launch's rows, M 1..64;
-* for the long-K weights (down, fc), a 4-way K split (off by default, ``SPLIT_K_TABLE``): fp32 accumulators over
-  ``default_m_grid``, across both split modes (programs per split with a combine at small M, folded at large M);
+* for the long-K weights (down, fc), a 4-way K split (what ``SPLIT_K_TABLE`` gives the mid-size pair's, so the
+  default-launch sweep above runs it there too): fp32 accumulators over ``default_m_grid``, across both split modes
+  (programs per split with a combine at small M, folded at large M);
 * SGLang's deterministic GEMM (``_matmul_persistent_triton``, one 128x128x64 persistent tile) on the same operands,
   where SGLang is importable: reported (equal or not), never a failure -- the contract is the plugin's own
   invariance, equality with SGLang a bonus.

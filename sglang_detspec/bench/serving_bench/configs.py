@@ -61,11 +61,10 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # deterministic decoding with the plugin installed and nothing speculative. Opt-in.
     BenchConfig("no_spec_plugin_ops", "no speculation (deterministic, the plugin's kernels)", None, False, True, False,
                 opt_in=True, env=(("SGLANG_DETSPEC_TOKEN_ID_SAMPLER", "1"),)),
-    # DETSPEC_EAGLE with the deterministic Triton attention's unified KV indices built once per forward instead of
-    # per layer (SGLANG_DETSPEC_ATTN_INDEX_CACHE=1, issue 32): what the cache gains beside "detspec". Opt-in, like
-    # the switch itself.
-    BenchConfig("detspec_attn_cache", "DETSPEC_EAGLE, attention indices built once per forward", "DETSPEC_EAGLE",
-                False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "1"),)),
+    # DETSPEC_EAGLE with the deterministic Triton attention's unified KV indices rebuilt in every layer, as SGLang
+    # does (SGLANG_DETSPEC_ATTN_INDEX_CACHE=0, issue 32): what the default once-per-forward build gains. Opt-in.
+    BenchConfig("detspec_no_attn_cache", "DETSPEC_EAGLE, attention indices built per layer (SGLang's way)",
+                "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "0"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
     # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
     BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",

@@ -13,8 +13,9 @@ their GPU time.
 
 What
 ----
-``SGLANG_DETSPEC_ATTN_INDEX_CACHE=1`` (``0`` / unset: off; anything else is refused; opt-in, docs/kernels.md)
-on a DETSPEC server or the token-id reference server, in deterministic mode. The plugin re-implements nothing of
+On by default on a DETSPEC server or the token-id reference server, in deterministic mode;
+``SGLANG_DETSPEC_ATTN_INDEX_CACHE=0`` turns it off (``1`` / unset: on; anything else is refused; docs/kernels.md).
+Its tokens equal the uncached server's in every E2E module (H100, docs/results.md). The plugin re-implements nothing of
 SGLang's function; an AROUND hook on ``_forward_extend_unified`` and a per-backend wrapper of its
 ``build_unified_kv_indices`` memoise SGLang's own results:
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import weakref
 from typing import Any, Callable, Mapping, Optional, Tuple
 
@@ -73,9 +75,13 @@ _logged_first_use = False
 
 
 def attention_index_cache_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """``SGLANG_DETSPEC_ATTN_INDEX_CACHE``: True for ``1``, False for ``0`` or unset; anything else is the
-    ``attn_index_cache`` refusal (a ``ValueError``)."""
-    return env_switch(ATTN_INDEX_CACHE_ENV, "attn_index_cache", environ)
+    """``SGLANG_DETSPEC_ATTN_INDEX_CACHE``: True for ``1`` or unset (the default), False for ``0``; anything else is
+    the ``attn_index_cache`` refusal (a ``ValueError``)."""
+    return env_switch(ATTN_INDEX_CACHE_ENV, "attn_index_cache", environ, default=True)
+
+
+def _explicitly_on() -> bool:
+    return os.environ.get(ATTN_INDEX_CACHE_ENV, "") == "1"
 
 
 def attention_index_cache_active() -> bool:
@@ -209,13 +215,13 @@ def _log_first_use() -> None:
     global _logged_first_use
     if not _logged_first_use:
         _logged_first_use = True
-        logger.info("sglang-detspec: %s=1: the deterministic Triton attention reuses one forward's unified KV indices "
-                    "across its window-less layers (first use in this process).", ATTN_INDEX_CACHE_ENV)
+        logger.info("sglang-detspec: attention index cache: the deterministic Triton attention reuses one forward's "
+                    "unified KV indices across its window-less layers (first use in this process).")
 
 
 def enable_for_model_runner(model_runner: Any) -> None:
-    """Turn the cache on for a deterministic DETSPEC or token-id reference server when ``SGLANG_DETSPEC_ATTN_INDEX_
-    CACHE=1``, and log it. Called by the batch-invariant ops' hook on ``ModelRunner.maybe_enable_batch_invariant_mode``
+    """Turn the cache on for a deterministic DETSPEC or token-id reference server unless ``SGLANG_DETSPEC_ATTN_INDEX_
+    CACHE=0``, and log it. Called by the batch-invariant ops' hook on ``ModelRunner.maybe_enable_batch_invariant_mode``
     once SGLang's deterministic mode is on (one hook per SGLang function: two AROUND hooks registered on one target
     by different modules would leave one unapplied whenever the other is applied first)."""
     if not attention_index_cache_wanted():
@@ -225,20 +231,21 @@ def enable_for_model_runner(model_runner: Any) -> None:
 
     algorithm = getattr(model_runner, "spec_algorithm", None)
     if not isinstance(algorithm, DetspecSpecAlgo) and not token_id_sampler_requested():
-        if not _active:
+        if not _active and _explicitly_on():
             logger.warning("sglang-detspec: %s=1 is ignored on this %s server: the index cache serves DETSPEC servers "
                            "and the token-id reference server only.", ATTN_INDEX_CACHE_ENV,
                            getattr(algorithm, "name", None) or "non-speculative")
         return
     if not attention_index_cache_hooks_active():
         raise RuntimeError(
-            f"sglang-detspec: {ATTN_INDEX_CACHE_ENV}=1 but the hook on {FORWARD_EXTEND_UNIFIED_TARGET} is not applied "
-            f"in this process (see the HookRegistry error above); unset {ATTN_INDEX_CACHE_ENV} to serve without it."
+            f"sglang-detspec: the attention index cache is on ({ATTN_INDEX_CACHE_ENV} is 1 or unset) but the hook on "
+            f"{FORWARD_EXTEND_UNIFIED_TARGET} is not applied in this process (see the HookRegistry error above); set "
+            f"{ATTN_INDEX_CACHE_ENV}=0 to serve without it."
         )
     if not _active:
-        logger.info("sglang-detspec: %s=1: SGLang's deterministic Triton attention builds its unified KV indices once "
-                    "per forward for layers without a sliding window (other attention backends are unaffected).",
-                    ATTN_INDEX_CACHE_ENV)
+        logger.info("sglang-detspec: attention index cache on: SGLang's deterministic Triton attention builds its "
+                    "unified KV indices once per forward for layers without a sliding window (other attention "
+                    "backends are unaffected; %s=0 turns it off).", ATTN_INDEX_CACHE_ENV)
     _set_active(True)
 
 

@@ -314,7 +314,7 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
     from sglang_detspec.integration.setup.attention_index_cache import enable_for_model_runner
     from sglang_detspec.integration.setup.token_id_sampler_opt_in import token_id_sampler_requested
 
-    enable_for_model_runner(model_runner)  # the deterministic attention's index cache (its own opt-in)
+    enable_for_model_runner(model_runner)  # the deterministic attention's index cache (its own switch)
 
     choice = ops_choice()
     _maybe_fast_draft(model_runner)

@@ -1,4 +1,5 @@
-"""The plugin's on/off environment variables, read one way: ``1`` on; ``0``, empty or unset off; anything else refused.
+"""The plugin's on/off environment variables, read one way: ``1`` on; ``0`` off; empty or unset the switch's default;
+anything else refused.
 
 Strict on purpose: ``true`` / ``on`` / `` 1`` are refused rather than guessed, because a typo read as "off" would give
 a server (or a benchmark) of another configuration than the one its environment names. The refusal is the caller's
@@ -19,10 +20,12 @@ _OFF = "0"
 _ON = "1"
 
 
-def env_switch(variable: str, refusal_key: str, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether the on/off variable ``variable`` of ``environ`` (default: the process environment) is on; for a value
-    other than ``1``, ``0``, empty or unset, raises the refusal ``refusal_key`` (a ``DetspecConfigError``)."""
-    value = (os.environ if environ is None else environ).get(variable, "") or _OFF
+def env_switch(variable: str, refusal_key: str, environ: Optional[Mapping[str, str]] = None,
+               default: bool = False) -> bool:
+    """Whether the on/off variable ``variable`` of ``environ`` (default: the process environment) is on (``default``
+    when it is empty or unset); for a value other than ``1``, ``0``, empty or unset, raises the refusal
+    ``refusal_key`` (a ``DetspecConfigError``)."""
+    value = (os.environ if environ is None else environ).get(variable, "") or (_ON if default else _OFF)
     if value not in (_OFF, _ON):
         raise refuse(refusal_key, None, value=value)
     return value == _ON

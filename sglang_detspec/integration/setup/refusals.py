@@ -320,7 +320,7 @@ REFUSALS: Dict[str, Refusal] = {
         "SGLANG_DETSPEC_ATTN_INDEX_CACHE={value!r}",
         "it chooses whether the deterministic Triton attention builds its unified KV indices once per forward, and a "
         "typo read as a default would leave a benchmark measuring another configuration than it names",
-        "Use '1' (build them once per forward) or '0' / unset (SGLang's per-layer build).",
+        "Use '1' / unset (build them once per forward, the default) or '0' (SGLang's per-layer build).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
 }

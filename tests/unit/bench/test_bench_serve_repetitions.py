@@ -94,16 +94,17 @@ def test_configurations_pick_the_kernels_by_environment():
     assert reference.algorithm is None
     assert not dict(cfgs.config_by_name("detspec").env), "DETSPEC_EAGLE runs the plugin's kernels by default"
     assert {"detspec_sglang_ops", "no_spec_plugin_ops"}.isdisjoint(cfgs.DEFAULT_CONFIGS)
-    cache = cfgs.config_by_name("detspec_attn_cache")
-    assert dict(cache.env) == {"SGLANG_DETSPEC_ATTN_INDEX_CACHE": "1"} and cache.algorithm == "DETSPEC_EAGLE"
-    assert cache.deterministic and not cache.builtin and cache.opt_in
-    assert "detspec_attn_cache" not in cfgs.DEFAULT_CONFIGS and "detspec_attn_cache" in results.SUBJECTS
+    uncached = cfgs.config_by_name("detspec_no_attn_cache")
+    assert dict(uncached.env) == {"SGLANG_DETSPEC_ATTN_INDEX_CACHE": "0"} and uncached.algorithm == "DETSPEC_EAGLE"
+    assert uncached.deterministic and not uncached.builtin and uncached.opt_in
+    assert "detspec_no_attn_cache" not in cfgs.DEFAULT_CONFIGS and "detspec_no_attn_cache" in results.SUBJECTS
 
 
-def test_the_attention_cache_configuration_passes_a_value_the_plugin_accepts():
+def test_the_attention_cache_configurations_pass_values_the_plugin_reads_as_named():
     from sglang_detspec.integration.setup.attention_index_cache import attention_index_cache_wanted
 
-    assert attention_index_cache_wanted(dict(cfgs.config_by_name("detspec_attn_cache").env)) is True
+    assert attention_index_cache_wanted(dict(cfgs.config_by_name("detspec_no_attn_cache").env)) is False
+    assert attention_index_cache_wanted(dict(cfgs.config_by_name("detspec").env)) is True  # the default
 
 
 def test_the_llama8b_pair_has_llama_3_8b_shapes():

@@ -1,6 +1,6 @@
-"""The one reader of the plugin's on/off environment variables (integration/setup/env_switch.py): ``1`` on, ``0`` /
-empty / unset off, anything else the caller's refusal from the one table, naming the variable and the accepted
-values."""
+"""The one reader of the plugin's on/off environment variables (integration/setup/env_switch.py): ``1`` on, ``0`` off,
+empty / unset the switch's default, anything else the caller's refusal from the one table, naming the variable and
+the accepted values."""
 
 import pytest
 
@@ -12,13 +12,16 @@ SWITCHES = [
     ("SGLANG_DETSPEC_FAST_INVARIANT_DRAFT", "fast_invariant_draft"),
     ("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "attn_index_cache"),
 ]
+# How each switch's refusal names its unset state: off, or on by default.
+UNSET_WORDS = {"fast_invariant_draft": "'0' / unset", "attn_index_cache": "'1' / unset"}
 
 
 @pytest.mark.parametrize("variable, key", SWITCHES)
-@pytest.mark.parametrize("value, expected", [(None, False), ("", False), ("0", False), ("1", True)])
-def test_allowed_values(variable, key, value, expected):
+@pytest.mark.parametrize("default", [False, True])
+@pytest.mark.parametrize("value, expected", [(None, None), ("", None), ("0", False), ("1", True)])
+def test_allowed_values(variable, key, value, expected, default):
     environ = {} if value is None else {variable: value}
-    assert env_switch(variable, key, environ) is expected
+    assert env_switch(variable, key, environ, default=default) is (default if expected is None else expected)
 
 
 @pytest.mark.parametrize("variable, key", SWITCHES)
@@ -28,7 +31,7 @@ def test_any_other_value_is_the_callers_refusal(variable, key, value):
         env_switch(variable, key, {variable: value})
     message = str(info.value)
     assert message.startswith(f"{variable}={value!r} is not an allowed value: ")
-    assert "'1'" in message and "'0' / unset" in message
+    assert "'1'" in message and "'0'" in message and UNSET_WORDS[key] in message
 
 
 def test_another_variable_is_not_read():
