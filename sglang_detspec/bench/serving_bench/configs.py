@@ -65,6 +65,10 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # does (SGLANG_DETSPEC_ATTN_INDEX_CACHE=0, issue 32): what the default once-per-forward build gains. Opt-in.
     BenchConfig("detspec_no_attn_cache", "DETSPEC_EAGLE, attention indices built per layer (SGLang's way)",
                 "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "0"),)),
+    # DETSPEC_EAGLE with no weight shape's GEMM split along K (SGLANG_DETSPEC_GEMM_SPLIT_K=0, issue 32): what the
+    # default SPLIT_K_TABLE gains or costs beside "detspec". Opt-in.
+    BenchConfig("detspec_no_split_k", "DETSPEC_EAGLE, no GEMM split along K", "DETSPEC_EAGLE", False, True, False,
+                opt_in=True, env=(("SGLANG_DETSPEC_GEMM_SPLIT_K", "0"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
     # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
     BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",

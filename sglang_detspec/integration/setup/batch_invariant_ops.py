@@ -60,11 +60,13 @@ __all__ = [
     "OPS_ENV",
     "RMS_NORM_HOOK_TARGET",
     "FAST_DRAFT_ENV",
+    "GEMM_SPLIT_K_ENV",
     "BatchVarianceError",
     "around_enable_batch_invariant_mode",
     "around_matmul_persistent",
     "around_rms_norm_forward_cuda",
     "fast_draft_wanted",
+    "gemm_split_k_wanted",
     "fast_kernels",
     "fast_kernels_active",
     "install_batch_invariant_ops",
@@ -79,6 +81,7 @@ __all__ = [
 OPS_ENV = "SGLANG_DETSPEC_OPS"
 OPS_CHOICES = ("auto", "sglang", "all")
 FAST_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
+GEMM_SPLIT_K_ENV = "SGLANG_DETSPEC_GEMM_SPLIT_K"
 
 # The same dotted paths on every release 0.5.17 - 0.5.23 (checked by the CPU tests on each).
 MATMUL_HOOK_TARGET = "sglang.srt.batch_invariant_ops.batch_invariant_ops.matmul_persistent"
@@ -124,6 +127,23 @@ def fast_draft_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
     """``SGLANG_DETSPEC_FAST_INVARIANT_DRAFT``: True for ``1``, False for ``0`` or unset; anything else is the
     ``fast_invariant_draft`` refusal (a ``ValueError``)."""
     return env_switch(FAST_DRAFT_ENV, "fast_invariant_draft", environ)
+
+
+def gemm_split_k_wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """``SGLANG_DETSPEC_GEMM_SPLIT_K``: True for ``1`` or unset (the kernels' ``SPLIT_K_TABLE`` applies), False for
+    ``0`` (no weight shape is split: another reduction, so other numbers than the default's, as invariant); anything
+    else is the ``gemm_split_k`` refusal (a ``ValueError``)."""
+    return env_switch(GEMM_SPLIT_K_ENV, "gemm_split_k", environ, default=True)
+
+
+def _split_k_in_use() -> str:
+    """Apply ``SGLANG_DETSPEC_GEMM_SPLIT_K`` to this process's GEMM (before its first launch) and say what is split."""
+    from sglang_detspec.kernels import batch_invariant_gemm as gemm
+
+    if not gemm_split_k_wanted():
+        gemm.SPLIT_K_TABLE.clear()
+        return f"none ({GEMM_SPLIT_K_ENV}=0)"
+    return ", ".join(f"{k}x{n} in {s}" for (k, n), s in sorted(gemm.SPLIT_K_TABLE.items())) or "none"
 
 
 @contextlib.contextmanager
@@ -336,6 +356,7 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
             "deterministic kernels."
         )
     _set_active(True)
+    split_k = _split_k_in_use()
     model = getattr(model_runner, "model", None)
     weights = linear_weights(model) if model is not None else []
     import torch
@@ -346,9 +367,11 @@ def around_enable_batch_invariant_mode(original: Callable, model_runner: Any, *a
     logger.info(
         "sglang-detspec: batch-invariant ops (%s=%s): the plugin's GEMM (SGLang's aten::mm / addmm / mm.dtype "
         "kernels for 2-D bf16/fp16) and fused residual RMSNorm; SGLang's own log_softmax, mean, bmm and RMSNorm "
-        "without residual. Self-check: %d weight shapes of the %s model, %d (shape, M) pairs bit-identical per row.",
+        "without residual. K splits (K x N): %s. Self-check: %d weight shapes of the %s model, %d (shape, M) pairs "
+        "bit-identical per row.",
         OPS_ENV,
         choice,
+        split_k,
         len(weights),
         "draft" if getattr(model_runner, "is_draft_worker", False) else "target",
         checked,
@@ -384,6 +407,7 @@ def install_batch_invariant_ops() -> List[str]:
     runner of a selected server enables them (``around_enable_batch_invariant_mode``)."""
     ops_choice()  # refuse a bad value in every process, before anything loads
     fast_draft_wanted()
+    gemm_split_k_wanted()
     return [
         register_once(MATMUL_HOOK_TARGET, around_matmul_persistent, "AROUND"),
         register_once(RMS_NORM_HOOK_TARGET, around_rms_norm_forward_cuda, "AROUND"),

@@ -316,6 +316,14 @@ REFUSALS: Dict[str, Refusal] = {
         "Add --enable-deterministic-inference, or unset SGLANG_DETSPEC_TOKEN_ID_SAMPLER.",
         form="SGLANG_DETSPEC_TOKEN_ID_SAMPLER=1 needs {flag}: {why}. {fix}",
     ),
+    "gemm_split_k": Refusal(
+        "SGLANG_DETSPEC_GEMM_SPLIT_K={value!r}",
+        "it chooses whether the batch-invariant GEMM splits K on the weight shapes its SPLIT_K_TABLE names (another "
+        "reduction, so other numbers), and a typo read as a default would leave a benchmark measuring another "
+        "configuration than it names",
+        "Use '1' / unset (the table's splits, the default) or '0' (no weight shape split).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
     "attn_index_cache": Refusal(
         "SGLANG_DETSPEC_ATTN_INDEX_CACHE={value!r}",
         "it chooses whether the deterministic Triton attention builds its unified KV indices once per forward, and a "

@@ -107,6 +107,15 @@ def test_the_attention_cache_configurations_pass_values_the_plugin_reads_as_name
     assert attention_index_cache_wanted(dict(cfgs.config_by_name("detspec").env)) is True  # the default
 
 
+def test_the_split_k_configuration_turns_the_splits_off_and_detspec_keeps_them():
+    from sglang_detspec.integration.setup.batch_invariant_ops import gemm_split_k_wanted
+
+    no_split = cfgs.config_by_name("detspec_no_split_k")
+    assert no_split.algorithm == "DETSPEC_EAGLE" and no_split.opt_in and "detspec_no_split_k" in results.SUBJECTS
+    assert gemm_split_k_wanted(dict(no_split.env)) is False
+    assert gemm_split_k_wanted(dict(cfgs.config_by_name("detspec").env)) is True
+
+
 def test_the_llama8b_pair_has_llama_3_8b_shapes():
     parser = cli.build_parser()
     from sglang_detspec.bench import serving_bench

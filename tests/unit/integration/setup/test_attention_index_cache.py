@@ -28,17 +28,6 @@ def detspec_algorithms_registered():
 
 
 @pytest.fixture
-def hooks_applied():
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    aic.install_attention_index_cache()
-    HookRegistry.apply_hooks()
-    assert aic.attention_index_cache_hooks_active()
-    yield
-    aic._set_active(False)
-
-
-@pytest.fixture
 def cache_on(hooks_applied):
     aic._set_active(True)
     yield

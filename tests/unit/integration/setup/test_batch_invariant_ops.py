@@ -26,17 +26,6 @@ def detspec_algorithms_registered():
 
 
 @pytest.fixture
-def hooks_applied():
-    from sglang.srt.plugins.hook_registry import HookRegistry
-
-    bio.install_batch_invariant_ops()
-    HookRegistry.apply_hooks()
-    assert bio.batch_invariant_ops_hooks_active()
-    yield
-    bio._set_active(False)
-
-
-@pytest.fixture
 def active(hooks_applied):
     bio._set_active(True)
     yield
@@ -224,6 +213,47 @@ def test_enable_hook_activates_the_plugin_ops_and_logs_the_self_check(hooks_appl
                                            _runner(SpeculativeAlgorithm.from_string("DETSPEC_EAGLE"), _Model()))
     assert bio.plugin_ops_active()
     assert "batch-invariant ops (SGLANG_DETSPEC_OPS=auto)" in caplog.text and "1 weight shapes" in caplog.text
+
+
+@pytest.mark.parametrize("env, split", [(None, True), ("1", True), ("0", False)])
+def test_enable_hook_applies_the_split_k_switch_and_logs_the_splits(hooks_applied, published, monkeypatch, caplog,
+                                                                     env, split):
+    """SGLANG_DETSPEC_GEMM_SPLIT_K=0 empties the kernels' SPLIT_K_TABLE in the server process (another reduction, so it
+    must happen before the first launch: here, before the self-check); 1 / unset keeps the table."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_detspec.kernels import batch_invariant_gemm as gemm
+
+    monkeypatch.setattr(gemm, "SPLIT_K_TABLE", {(96, 48): 2})
+    monkeypatch.setattr(bio, "SELF_CHECK_MAX_M", 24)
+    monkeypatch.setattr(torch, "mm", lambda a, b: matmul(a, b))  # aten::mm as SGLang's deterministic mode routes it
+    monkeypatch.delenv(bio.OPS_ENV, raising=False)
+    if env is None:
+        monkeypatch.delenv(bio.GEMM_SPLIT_K_ENV, raising=False)
+    else:
+        monkeypatch.setenv(bio.GEMM_SPLIT_K_ENV, env)
+    seen = []
+    real_check = bio.self_check_gemm
+    monkeypatch.setattr(bio, "self_check_gemm", lambda *a, **kw: (seen.append(dict(gemm.SPLIT_K_TABLE)),
+                                                                  real_check(*a, **kw))[1])
+    caplog.set_level("INFO")
+    bio.around_enable_batch_invariant_mode(_enable(monkeypatch),
+                                           _runner(SpeculativeAlgorithm.from_string("DETSPEC_EAGLE"), _Model()))
+    assert seen == [{(96, 48): 2} if split else {}]
+    assert ("K splits (K x N): 96x48 in 2." if split else
+            f"K splits (K x N): none ({bio.GEMM_SPLIT_K_ENV}=0).") in caplog.text
+
+
+@pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("0", False), ("1", True)])
+def test_split_k_switch_values(value, expected):
+    env = {} if value is None else {bio.GEMM_SPLIT_K_ENV: value}
+    assert bio.gemm_split_k_wanted(env) is expected
+
+
+@pytest.mark.parametrize("bad", ["true", "off", "4", " 0"])
+def test_split_k_switch_refuses_anything_else_naming_the_variable(bad):
+    with pytest.raises(ValueError, match=f"{bio.GEMM_SPLIT_K_ENV}={bad!r} is not an allowed value.*'0'"):
+        bio.gemm_split_k_wanted({bio.GEMM_SPLIT_K_ENV: bad})
 
 
 def test_enable_hook_leaves_sglangs_ops_on_other_servers(hooks_applied, published, monkeypatch, caplog):

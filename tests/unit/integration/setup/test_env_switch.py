@@ -11,9 +11,10 @@ from sglang_detspec.integration.setup.refusals import DetspecConfigError
 SWITCHES = [
     ("SGLANG_DETSPEC_FAST_INVARIANT_DRAFT", "fast_invariant_draft"),
     ("SGLANG_DETSPEC_ATTN_INDEX_CACHE", "attn_index_cache"),
+    ("SGLANG_DETSPEC_GEMM_SPLIT_K", "gemm_split_k"),
 ]
 # How each switch's refusal names its unset state: off, or on by default.
-UNSET_WORDS = {"fast_invariant_draft": "'0' / unset", "attn_index_cache": "'1' / unset"}
+UNSET_WORDS = {"fast_invariant_draft": "'0' / unset", "attn_index_cache": "'1' / unset", "gemm_split_k": "'1' / unset"}
 
 
 @pytest.mark.parametrize("variable, key", SWITCHES)
