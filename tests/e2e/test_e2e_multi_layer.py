@@ -55,7 +55,7 @@ ACCEPT_RANGE = (1.5, 3.5)
 #: What sglang_detspec.integration.workers.worker_checks logs once the scheduler has built the DETSPEC worker.
 WORKER_LOG_LINE = (
     "sglang-detspec: DETSPEC_EAGLE runs DetspecMultiLayerEagleWorkerV2 with DetspecMultiLayerEagleDraftWorker "
-    "and the DETSPEC target sampler."
+    "and the DETSPEC target sampler;"
 )
 
 #: What SGLang logs when it captures multi-layer draft-extend graphs

@@ -16,7 +16,8 @@ from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SCHEDULER_HOOK_TARGET", "check_scheduler_workers", "install_scheduler_check", "scheduler_check_active"]
+__all__ = ["SCHEDULER_HOOK_TARGET", "WORKER_LOG_FORMAT", "check_scheduler_workers", "install_scheduler_check",
+           "scheduler_check_active"]
 
 SCHEDULER_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.maybe_init_draft_worker"
 
@@ -55,13 +56,17 @@ def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: A
 
     enable_replay()  # this scheduler's retracted requests replay from their prompts (see .retraction)
     logger.info(
-        "sglang-detspec: %s runs %s with %s and the DETSPEC target sampler; retracted requests replay from "
-        "their prompts.",
+        WORKER_LOG_FORMAT,
         algorithm.name,
         type(spec_worker).__name__,
         type(spec_worker.draft_worker).__name__,
     )
     return result
+
+
+#: The start-up line that names the worker, the draft worker and the sampler the scheduler built (E2E tests look for it).
+WORKER_LOG_FORMAT = ("sglang-detspec: %s runs %s with %s and the DETSPEC target sampler; retracted requests replay "
+                     "from their prompts.")
 
 
 def install_scheduler_check() -> str:
