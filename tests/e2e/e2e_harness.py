@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -328,61 +327,6 @@ def invariant_specs(models, base: List[str], pair: str) -> List[ServerSpec]:
                    base + eagle_args(models.eagle_draft, "DETSPEC_EAGLE", deterministic=True) + PRESSURE_ARGS,
                    env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
     ]
-
-
-# ---------------------------------------------------------------------------------------------
-# The check tool against a server
-
-
-def run_check(srv, traffic: str, report_path: Path, *, trials: int, seed: int, seeds: str = "1,2",
-              extra: Sequence[str] = (), timeout: float = 900) -> dict:
-    """``sglang-detspec check --traffic TRAFFIC`` against ``srv`` in a subprocess (as a user runs it): its exit code,
-    stdout, the tail of stderr and the JSON report it wrote (``{}`` if none)."""
-    cmd = [
-        sys.executable, "-m", "sglang_detspec", "check", "--url", srv.base_url, "--traffic", traffic,
-        "--trials", str(trials), "--seed", str(seed), "--seeds", seeds, "--wait", "120", "--timeout", "300",
-        "--report", str(report_path), "--no-progress", *extra,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-2000:], "report": report}
-
-
-def pressure_profile(report: dict) -> dict:
-    """The ``pressure`` profile's entry of a check report (``{}`` if the report has none)."""
-    return next((p for p in report.get("profiles", []) if p["name"] == "pressure"), {})
-
-
-def check_summary(traffic: str, result: dict) -> dict:
-    """What e2e_results.json keeps of one :func:`run_check` (the report itself lies beside it)."""
-    rep = result["report"]
-    return {
-        "traffic": traffic,
-        "returncode": result["returncode"],
-        "unique_outputs": rep.get("unique_outputs"),
-        "profiles": {p["name"]: {"unique": p["unique_outputs"], "passed": p.get("passed"),
-                                 "accept": p.get("probe_accept_length")} for p in rep.get("profiles", [])},
-        "probe_accept_length": rep.get("probe_accept_length"),
-        "first_output_ids": (rep.get("trials") or [{}])[0].get("output_ids"),
-        "stdout": result["stdout"][-2500:],
-    }
-
-
-def run_checks(servers: Dict[str, server_process.Server], traffic: Dict[str, str], *, trials: int, seed: int,
-               annotate=None) -> Dict[str, dict]:
-    """:func:`run_check` against every server at once (profile ``traffic[name]``); each summary goes to
-    e2e_results.json as ``check_<name>`` (plus ``annotate(name, server)``'s fields), each report to checks/."""
-    out = out_dir() / "checks"
-    out.mkdir(exist_ok=True)
-    with ThreadPoolExecutor(len(servers)) as pool:
-        futures = {name: pool.submit(run_check, srv, traffic[name], out / f"{name}.json", trials=trials, seed=seed)
-                   for name, srv in servers.items()}
-        results = {name: f.result() for name, f in futures.items()}
-    for name, r in results.items():
-        extra = annotate(name, servers[name]) if annotate else {}
-        record(f"check_{name}", {**check_summary(traffic[name], r), **extra})
-        print(f"--- {name} (check --traffic {traffic[name]}): exit {r['returncode']}\n{r['stdout'][-2500:]}")
-    return results
 
 
 # ---------------------------------------------------------------------------------------------

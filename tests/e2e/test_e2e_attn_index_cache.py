@@ -20,6 +20,7 @@ Every other E2E module runs its DETSPEC servers with the cache on, its default. 
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -39,18 +40,14 @@ pytestmark = h.module_marks(*CACHED, *UNCACHED, STALE_CONTROL)
 def checks(e2e_pool):
     servers = {name: e2e_pool.ready(name) for name in (*CACHED, *UNCACHED, STALE_CONTROL)}
     traffic = {name: "uniform" if name == STALE_CONTROL else "all" for name in servers}
-    return h.run_checks(servers, traffic, trials=TRIALS, seed=SEED)
+    return ec.run_checks(servers, traffic, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", CACHED)
 def test_cached_server_gives_one_output_under_every_profile(checks, name):
     r = checks[name]
-    rep = r["report"]
     assert r["returncode"] == 0, r["stdout"] + r["stderr"]
-    assert rep["unique_outputs"] == 1
-    for profile in rep["profiles"]:
-        assert profile["unique_outputs"] == 1, profile
-    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+    ec.assert_one_output_per_profile(r, profiles=ec.ALL_PROFILES)
 
 
 def test_cached_servers_give_the_uncached_tokens(checks):

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 import family_harness as fh
 from e2e_harness import register_cuda_ci
@@ -148,7 +149,7 @@ class _Runs:
                 if plan[key] is None or (against and refs[pair] is None):
                     return None
                 extra = ["--against", refs[pair].base_url] if against else []
-                return h.run_check(plan[key], traffic, out / f"{fh.server_name(pair, role)}.json", trials=trials,
+                return ec.run_check(plan[key], traffic, out / f"{fh.server_name(pair, role)}.json", trials=trials,
                                    seed=SEED, extra=extra)
 
             with ThreadPoolExecutor(len(plan)) as ex:
@@ -158,7 +159,7 @@ class _Runs:
                     continue
                 against = res["report"].get("against") or {}
                 h.record(f"check_{fh.server_name(pair, role)}", {
-                    **h.check_summary(CHECKS[role][0], res),
+                    **ec.check_summary(CHECKS[role][0], res),
                     "against": {k: against.get(k) for k in ("url", "passed", "self_consistent", "divergence")}})
                 print(f"--- {pair} {role} (check --traffic {CHECKS[role][0]}): exit {res['returncode']}\n"
                       f"{res['stdout'][-2500:]}\n{res['stderr'][-800:]}")
@@ -253,14 +254,8 @@ def test_each_server_serves_what_it_was_asked(runs, pair, role):
 @pytest.mark.parametrize("pair", PAIR_PARAMS)
 def test_one_probe_output_under_every_profile(runs, pair, role):
     res = runs.check(pair, role)
-    rep = res["report"]
-    assert rep, f"no report (exit {res['returncode']}):\n{res['stdout']}{res['stderr']}"
-    assert rep["unique_outputs"] == 1, res["stdout"]
-    assert {p["name"] for p in rep["profiles"]} == {"uniform", "mixed", "long", "prefix"}, rep["profiles"]
-    for profile in rep["profiles"]:
-        assert profile["unique_outputs"] == 1, profile
-        assert len(profile["trials"]) >= min(TRIALS, 6), profile  # prefix runs 6 trials, the others TRIALS
-    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+    # prefix runs 6 trials, the others TRIALS
+    ec.assert_one_output_per_profile(res, min_trials=min(TRIALS, 6), profiles=ec.ALL_PROFILES)
     assert res["returncode"] == 0, res["stdout"] + res["stderr"]
 
 

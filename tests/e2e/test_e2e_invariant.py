@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -336,14 +337,14 @@ def checks(e2e_pool):
     plan = {name: ("uniform,mixed", CHECK_TRIALS) for name in CHECKED}
     plan[CONTROL] = ("uniform", 2)
     with ThreadPoolExecutor(len(plan)) as pool:
-        futures = {name: pool.submit(h.run_check, e2e_pool.ready(name), traffic, out / f"invariant_{name}.json",
+        futures = {name: pool.submit(ec.run_check, e2e_pool.ready(name), traffic, out / f"invariant_{name}.json",
                                      trials=trials, seed=CHECK_SEED, extra=["--against", ref.base_url])
                    for name, (traffic, trials) in plan.items()}
         results = {name: f.result() for name, f in futures.items()}
     for name, res in results.items():
         against = res["report"].get("against") or {}
         h.record(f"check_invariant_{name}", {
-            **h.check_summary(plan[name][0], res),
+            **ec.check_summary(plan[name][0], res),
             "against": {k: against.get(k) for k in ("url", "passed", "self_consistent", "divergence", "compared")},
         })
         print(f"--- {name} (check --traffic {plan[name][0]} --against {ref.base_url}): exit {res['returncode']}\n"
@@ -353,13 +354,7 @@ def checks(e2e_pool):
 
 @pytest.mark.parametrize("name", CHECKED)
 def test_invariant_check_gives_one_output_under_changing_batches(checks, name):
-    res = checks[name]
-    rep = res["report"]
-    assert rep, f"no report (exit {res['returncode']}):\n{res['stdout']}{res['stderr']}"
-    assert rep["unique_outputs"] == 1, res["stdout"]
-    for profile in rep["profiles"]:
-        assert profile["unique_outputs"] == 1 and len(profile["trials"]) == CHECK_TRIALS, profile
-    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+    ec.assert_one_output_per_profile(checks[name], trials=CHECK_TRIALS)
 
 
 @pytest.mark.parametrize("name", CHECKED)

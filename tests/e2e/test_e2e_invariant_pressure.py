@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -51,10 +52,10 @@ pytestmark = h.module_marks(*SERVERS)
 
 def summary(result: dict) -> dict:
     """What e2e_results.json keeps of one check (its report lies beside it)."""
-    rep, p = result["report"], h.pressure_profile(result["report"])
+    rep, p = result["report"], ec.pressure_profile(result["report"])
     against = rep.get("against") or {}
     return {
-        **h.check_summary("pressure", result),
+        **ec.check_summary("pressure", result),
         "differing_trials": p.get("differing_trials"), "divergence": p.get("divergence"),
         "probe_retracted_trials": p.get("probe_retracted_trials"),
         "other_retraction_trials": p.get("other_retraction_trials"),
@@ -63,7 +64,7 @@ def summary(result: dict) -> dict:
 
 
 def explain(result: dict) -> str:
-    p = h.pressure_profile(result["report"])
+    p = ec.pressure_profile(result["report"])
     return (f"exit {result['returncode']}; pressure profile: unique {p.get('unique_outputs')}, differing trials "
             f"{p.get('differing_trials')}, divergence {p.get('divergence')}, probe retracted in "
             f"{p.get('probe_retracted_trials')}; against {result['report'].get('against')}\n"
@@ -77,7 +78,7 @@ def run_checks(servers: dict) -> dict:
     out.mkdir(exist_ok=True)
     extra = ["--max-new-tokens", str(PROBE_TOKENS), "--against", ref.base_url]
     with ThreadPoolExecutor(len(CHECKED)) as pool:
-        futures = {name: pool.submit(h.run_check, servers[name], "pressure", out / f"invariant_pressure_{name}.json",
+        futures = {name: pool.submit(ec.run_check, servers[name], "pressure", out / f"invariant_pressure_{name}.json",
                                      trials=TRIALS, seed=SEED, extra=extra) for name in CHECKED}
         results = {name: f.result() for name, f in futures.items()}
     for name, r in results.items():
@@ -96,13 +97,13 @@ def test_the_probe_was_retracted_on_every_forced_server(checks):
     for name in (*INVARIANT, CONTROL):
         r = checks[name]
         assert r["report"], f"no report from {name}: {explain(r)}"
-        assert h.pressure_profile(r["report"]).get("probe_retracted_trials"), f"{name}: inconclusive, {explain(r)}"
+        assert ec.pressure_profile(r["report"]).get("probe_retracted_trials"), f"{name}: inconclusive, {explain(r)}"
 
 
 @pytest.mark.parametrize("name", INVARIANT)
 def test_a_retracted_invariant_probe_keeps_its_tokens(checks, name):
     r = checks[name]
-    p = h.pressure_profile(r["report"])
+    p = ec.pressure_profile(r["report"])
     assert p, f"no pressure profile in {name}'s report: {explain(r)}"
     assert p.get("unique_outputs") == 1 and not p.get("differing_trials") and len(p["trials"]) == TRIALS, explain(r)
 
@@ -121,7 +122,7 @@ def test_control_rejection_sampling_is_reproducible_but_not_the_reference(checks
     r = checks[CONTROL]
     rep = r["report"]
     assert rep.get("against"), f"no --against result from the control: {explain(r)}"
-    assert h.pressure_profile(rep).get("unique_outputs") == 1, explain(r)
+    assert ec.pressure_profile(rep).get("unique_outputs") == 1, explain(r)
     assert rep["against"]["self_consistent"], rep["against"]
     assert not rep["against"]["passed"] and r["returncode"] == 1, explain(r)
 

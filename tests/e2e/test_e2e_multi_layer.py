@@ -19,6 +19,7 @@ outputs under uniform traffic. As in test_e2e_real_traffic.py it is not run unde
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -81,7 +82,7 @@ CONTROLS = [n for n, (_, rc) in CHECKS.items() if rc == 1]
 def checks(e2e_pool):
     """Every server's check at once; a summary per server in e2e_results.json (reports beside it)."""
     servers = {name: e2e_pool.ready(name) for name in CHECKS}
-    return h.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED,
+    return ec.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED,
                         annotate=lambda name, srv: {"worker_log_line": WORKER_LOG_LINE in srv.log_text()})
 
 
@@ -118,13 +119,8 @@ def test_each_server_captures_the_expected_draft_extend_graphs(e2e_pool, name):
 @pytest.mark.parametrize("name", DETSPEC)
 def test_detspec_mtp_one_output_under_every_profile(checks, name):
     r = checks[name]
-    rep = r["report"]
     assert r["returncode"] == 0, r["stdout"] + r["stderr"]
-    assert rep["unique_outputs"] == 1
-    for profile in rep["profiles"]:
-        assert profile["unique_outputs"] == 1, profile
-        assert len(profile["trials"]) >= min(TRIALS, 6), profile  # prefix runs 6 trials, the others TRIALS
-    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+    ec.assert_one_output_per_profile(r, min_trials=min(TRIALS, 6))  # prefix runs 6 trials, the others TRIALS
 
 
 @pytest.mark.parametrize("name", DETSPEC)

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -71,7 +72,7 @@ def checks(e2e_pool):
         futures = {name: pool.submit(_check, srv, out / f"pressure_{name}.json") for name, srv in servers.items()}
         results = {name: f.result() for name, f in futures.items()}
     for name, r in results.items():
-        rep, p = r["report"], h.pressure_profile(r["report"])
+        rep, p = r["report"], ec.pressure_profile(r["report"])
         trials = rep.get("trials", [])
         h.record(f"pressure_{name}", {
             "returncode": r["returncode"], "check_seconds": r["seconds"],
@@ -91,7 +92,7 @@ def checks(e2e_pool):
 
 
 def _explain(r: dict) -> str:
-    p = h.pressure_profile(r["report"])
+    p = ec.pressure_profile(r["report"])
     d = p.get("divergence") or {}
     return (f"first divergence at {d.get('unit')} {d.get('position')} in trial {d.get('trial')} (got "
             f"{d.get('got')}, the probe alone {d.get('expected')}); differing trials {p.get('differing_trials')}; "
@@ -107,7 +108,7 @@ def test_the_probe_was_retracted_on_every_forced_server(checks):
     for name in DETSPEC + (NO_REPLAY,):
         r = checks[name]
         assert r["report"], f"no report from {name} (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
-        retracted[name] = h.pressure_profile(r["report"]).get("probe_retracted_trials")
+        retracted[name] = ec.pressure_profile(r["report"]).get("probe_retracted_trials")
     h.record("pressure_probe_retracted_trials", retracted)
     for name in FORCED + (NO_REPLAY,):
         assert retracted[name], f"{name} never retracted the probe ({retracted}): inconclusive, not evidence"
@@ -117,7 +118,7 @@ def test_the_probe_was_retracted_on_every_forced_server(checks):
 def test_a_retracted_probe_keeps_its_tokens(checks, name):
     """The goal of issue 19: the probe under pressure gives the probe alone's tokens, retracted or not."""
     r = checks[name]
-    p = h.pressure_profile(r["report"])
+    p = ec.pressure_profile(r["report"])
     assert p, f"no pressure profile in {name}'s report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
     assert p.get("unique_outputs") == 1 and not p.get("differing_trials"), _explain(r)
 
@@ -125,7 +126,7 @@ def test_a_retracted_probe_keeps_its_tokens(checks, name):
 @pytest.mark.parametrize("name", PRESSURE)
 def test_retracting_other_requests_leaves_the_probe_unchanged(checks, name):
     """A trial that retracted (and replayed) other requests, not the probe, gives the probe alone's tokens."""
-    p = h.pressure_profile(checks[name]["report"])
+    p = ec.pressure_profile(checks[name]["report"])
     others = p.get("other_retraction_trials") or []
     assert others, f"no trial retracted only other requests: nothing to compare\n{_explain(checks[name])}"
     changed = sorted(set(others) & set(p.get("differing_trials") or []))
@@ -140,7 +141,7 @@ def test_every_detspec_server_gives_the_same_probe_alone(checks):
 def test_control_without_the_replay_a_retracted_probe_changes(checks):
     """What the replay fixes: re-prefilled as upstream does, the retracted probe's continuation changes."""
     r = checks[NO_REPLAY]
-    p = h.pressure_profile(r["report"])
+    p = ec.pressure_profile(r["report"])
     assert p, f"no pressure profile in the control's report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
     assert p["probe_retracted_trials"], "the control never retracted the probe: no evidence"
     assert r["returncode"] == 1 and p["unique_outputs"] > 1, _explain(r)
@@ -151,7 +152,7 @@ def test_control_without_the_replay_a_retracted_probe_changes(checks):
 
 def test_control_builtin_rejection_sampling_changes_under_pressure(checks):
     r = checks[CONTROL]
-    p = h.pressure_profile(r["report"])
+    p = ec.pressure_profile(r["report"])
     assert p, f"no pressure profile in the control's report (exit {r['returncode']}):\n{r['stdout']}{r['stderr']}"
     assert p["probe_retracted_trials"] or p["other_retraction_trials"], "the control's load retracted nothing"
     assert r["returncode"] == 1 and p["unique_outputs"] > 1, r["stdout"] + r["stderr"]

@@ -23,6 +23,7 @@ SGLang behaviour") -- the liveness problem DETSPEC's row-local verify removes. A
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -50,19 +51,14 @@ pytestmark = h.module_marks(*(*CHECKS, "detspec_eagle_chunk64"))
 def checks(e2e_pool):
     """Every server's check at once; a summary per server in e2e_results.json (reports beside it)."""
     servers = {name: e2e_pool.ready(name) for name in CHECKS}
-    return h.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED)
+    return ec.run_checks(servers, {name: traffic for name, (traffic, _) in CHECKS.items()}, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", [n for n, (_, rc) in CHECKS.items() if rc == 0])
 def test_detspec_one_output_under_every_profile(checks, name):
     r = checks[name]
-    rep = r["report"]
     assert r["returncode"] == 0, r["stdout"] + r["stderr"]
-    assert rep["unique_outputs"] == 1
-    for profile in rep["profiles"]:
-        assert profile["unique_outputs"] == 1, profile
-        assert len(profile["trials"]) >= min(TRIALS, 6), profile  # prefix runs 6 trials, the others TRIALS
-    assert rep["seeds_check"]["passed"], rep["seeds_check"]
+    ec.assert_one_output_per_profile(r, min_trials=min(TRIALS, 6))  # prefix runs 6 trials, the others TRIALS
 
 
 @pytest.mark.parametrize("name", [n for n, (_, rc) in CHECKS.items() if rc == 0])

@@ -27,6 +27,7 @@ import pytest
 from sglang_detspec import server_process
 from sglang_detspec.checker.traffic import PROFILES
 
+import e2e_checks as ec
 import e2e_harness as h
 import e2e_servers
 import family_harness as fh
@@ -79,16 +80,16 @@ def _ready(pool, name):
 @pytest.fixture(scope="module")
 def checks(pool):
     servers = {name: _ready(pool, name) for name in SERVING}
-    return h.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
+    return ec.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
 
 
 @pytest.fixture(scope="module")
 def invariant_check(pool):
     srv, ref = _ready(pool, "reduced_invariant_graph"), _ready(pool, REFERENCE)
     (h.out_dir() / "checks").mkdir(exist_ok=True)
-    res = h.run_check(srv, TRAFFIC, h.out_dir() / "checks" / "reduced_invariant_graph.json", trials=TRIALS,
+    res = ec.run_check(srv, TRAFFIC, h.out_dir() / "checks" / "reduced_invariant_graph.json", trials=TRIALS,
                       seed=SEED, extra=["--against", ref.base_url])
-    h.record("check_reduced_invariant_graph", h.check_summary(TRAFFIC, res))
+    h.record("check_reduced_invariant_graph", ec.check_summary(TRAFFIC, res))
     return res
 
 

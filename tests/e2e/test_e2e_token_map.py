@@ -29,6 +29,7 @@ import pytest
 
 from sglang_detspec import server_process
 
+import e2e_checks as ec
 import e2e_harness as h
 import e2e_servers
 from e2e_harness import register_cuda_ci
@@ -97,7 +98,7 @@ def _assert_refused(pool, name):
 @pytest.fixture(scope="module")
 def checks(pool):
     servers = {name: pool.ready(name) for name in SERVING}
-    return h.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
+    return ec.run_checks(servers, {name: TRAFFIC for name in SERVING}, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", SERVING)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import e2e_checks as ec
 import e2e_harness as h
 import family_harness as fh
 from e2e_spec_resolution import resolve_spec
@@ -239,7 +240,7 @@ def fake_runs(monkeypatch, tmp_path):
         return {"returncode": int(unique > 1), "stdout": "", "stderr": "", "report": _fake_report(role, unique)}
 
     broken = set()
-    monkeypatch.setattr(h, "run_check", run_check)
+    monkeypatch.setattr(ec, "run_check", run_check)
     return e2e, calls, broken
 
 
