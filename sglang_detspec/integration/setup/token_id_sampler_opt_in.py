@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
+from sglang_detspec.integration.setup.env_switch import env_switch
 from sglang_detspec.integration.setup.hooks import hook_active, register_once
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,6 @@ TARGET_WORKER_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.init_tp_mod
 def token_id_sampler_requested(environ: Optional[Mapping[str, str]] = None) -> bool:
     """Whether ``SGLANG_DETSPEC_TOKEN_ID_SAMPLER`` asks for the token-id sampler (read by :func:`.env_switch`: a typo
     read as off would give a reference server that silently keys by rank, so it is refused)."""
-    from sglang_detspec.integration.setup.env_switch import env_switch
-
     return env_switch(TOKEN_ID_SAMPLER_ENV, "token_id_sampler_value", environ)
 
 
