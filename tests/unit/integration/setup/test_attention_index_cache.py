@@ -194,19 +194,7 @@ def test_build_argument_positions_match_sglang():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The switch and which servers
-
-
-@pytest.mark.parametrize("value, expected", [(None, True), ("", True), ("0", False), ("1", True)])
-def test_switch_values(value, expected):
-    env = {} if value is None else {aic.ATTN_INDEX_CACHE_ENV: value}
-    assert aic.attention_index_cache_wanted(env) is expected
-
-
-@pytest.mark.parametrize("bad", ["true", "on", "2", " 1"])
-def test_switch_refuses_anything_else_naming_the_variable(bad):
-    with pytest.raises(ValueError, match=f"{aic.ATTN_INDEX_CACHE_ENV}={bad!r} is not an allowed value.*'1'"):
-        aic.attention_index_cache_wanted({aic.ATTN_INDEX_CACHE_ENV: bad})
+# Which servers the switch (tests/unit/integration/setup/test_env_switch.py: its values) turns the cache on for
 
 
 def _enable(monkeypatch):

@@ -4,6 +4,8 @@ the accepted values."""
 
 import pytest
 
+from sglang_detspec.integration.setup import attention_index_cache as aic
+from sglang_detspec.integration.setup import batch_invariant_ops as bio
 from sglang_detspec.integration.setup.env_switch import env_switch
 from sglang_detspec.integration.setup.refusals import DetspecConfigError
 
@@ -49,3 +51,26 @@ def test_the_process_environment_is_read_by_default(monkeypatch):
         env_switch(variable, key)
     monkeypatch.delenv(variable)
     assert env_switch(variable, key) is False
+
+
+# Each switch's reader, with the variable it reads and its default: the readers the plugin calls pass the right
+# variable, refusal row and default to env_switch.
+READERS = [
+    (bio.fast_draft_wanted, "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT", False),
+    (aic.attention_index_cache_wanted, "SGLANG_DETSPEC_ATTN_INDEX_CACHE", True),
+    (bio.gemm_split_k_wanted, "SGLANG_DETSPEC_GEMM_SPLIT_K", True),
+]
+
+
+@pytest.mark.parametrize("reader, variable, default", READERS, ids=lambda x: getattr(x, "__name__", None))
+@pytest.mark.parametrize("value", [None, "", "0", "1"])
+def test_each_reader_reads_its_variable_with_its_default(reader, variable, default, value):
+    environ = {} if value is None else {variable: value}
+    assert reader(environ) is ({"0": False, "1": True}.get(value, default))
+
+
+@pytest.mark.parametrize("reader, variable, default", READERS, ids=lambda x: getattr(x, "__name__", None))
+@pytest.mark.parametrize("bad", ["true", "on", "2", " 1"])
+def test_each_reader_refuses_anything_else_naming_its_variable(reader, variable, default, bad):
+    with pytest.raises(ValueError, match=f"{variable}={bad!r} is not an allowed value.*'1'"):
+        reader({variable: bad})
