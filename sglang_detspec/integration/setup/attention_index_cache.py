@@ -15,7 +15,7 @@ What
 ----
 On by default on a DETSPEC server or the token-id reference server, in deterministic mode;
 ``SGLANG_DETSPEC_ATTN_INDEX_CACHE=0`` turns it off (``1`` / unset: on; anything else is refused; docs/kernels.md).
-Its tokens equal the uncached server's in every E2E module (H100, docs/results.md). The plugin re-implements nothing of
+Its tokens equal the uncached server's in the E2E modules run with it on (H100, docs/results.md). The plugin re-implements nothing of
 SGLang's function; an AROUND hook on ``_forward_extend_unified`` and a per-backend wrapper of its
 ``build_unified_kv_indices`` memoise SGLang's own results:
 

@@ -21,6 +21,10 @@ __all__ = ["SCHEDULER_HOOK_TARGET", "WORKER_LOG_FORMAT", "check_scheduler_worker
 
 SCHEDULER_HOOK_TARGET = "sglang.srt.managers.scheduler.Scheduler.maybe_init_draft_worker"
 
+#: The start-up line that names the worker, the draft worker and the sampler the scheduler built (E2E tests look for it).
+WORKER_LOG_FORMAT = ("sglang-detspec: %s runs %s with %s and the DETSPEC target sampler; retracted requests replay "
+                     "from their prompts.")
+
 
 def _detspec_worker_classes() -> tuple:
     from sglang_detspec.integration.workers.spec_workers import DetspecEAGLEWorkerV2, DetspecMultiLayerEagleWorkerV2
@@ -62,11 +66,6 @@ def check_scheduler_workers(result: Any, scheduler: Any, *args: Any, **kwargs: A
         type(spec_worker.draft_worker).__name__,
     )
     return result
-
-
-#: The start-up line that names the worker, the draft worker and the sampler the scheduler built (E2E tests look for it).
-WORKER_LOG_FORMAT = ("sglang-detspec: %s runs %s with %s and the DETSPEC target sampler; retracted requests replay "
-                     "from their prompts.")
 
 
 def install_scheduler_check() -> str:
