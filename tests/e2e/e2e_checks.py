@@ -16,7 +16,6 @@ from e2e_harness import out_dir, record, server_process
 ALL_PROFILES = ("uniform", "mixed", "long", "prefix")
 
 
-
 def run_check(srv, traffic: str, report_path: Path, *, trials: int, seed: int, seeds: str = "1,2",
               extra: Sequence[str] = (), timeout: float = 900) -> dict:
     """``sglang-detspec check --traffic TRAFFIC`` against ``srv`` in a subprocess (as a user runs it): its exit code,
