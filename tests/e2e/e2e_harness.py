@@ -218,11 +218,13 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_pressure_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS),
         # The control under the same pressure: built-in EAGLE's rejection sampling draws from the global RNG.
         ServerSpec("builtin_eagle_rs_pressure", base + eagle + ["--speculative-algorithm", "EAGLE"] + rs + PRESSURE_ARGS),
-        # Retraction forced every few steps (FORCED_RETRACT_ENV) on top of the small pool; and the control without
-        # the replay, which must change the retracted probe.
-        ServerSpec("detspec_eagle_forced_retract_graph", detspec + PRESSURE_ARGS, env=dict(FORCED_RETRACT_ENV)),
+        # Retraction forced every few steps on top of the small pool, aimed at the probe (RETRACT_PROBE_CONTROL:
+        # left to SGLang's order, the replaying fillers took every forced retraction, H100 2026-12-06); and the
+        # control without the replay, which must change the retracted probe.
+        ServerSpec("detspec_eagle_forced_retract_graph", detspec + PRESSURE_ARGS,
+                   env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
         ServerSpec("detspec_eagle_forced_retract_nograph", detspec + GRAPHS_OFF + PRESSURE_ARGS,
-                   env=dict(FORCED_RETRACT_ENV)),
+                   env=with_control(RETRACT_PROBE_CONTROL, PROBE_RETRACT_ENV)),
         ServerSpec("detspec_noreplay_forced_retract", detspec + PRESSURE_ARGS,
                    env=with_control(NO_REPLAY_CONTROL, FORCED_RETRACT_ENV)),
         # The deterministic Triton attention's unified KV indices built once per forward (test_e2e_attn_index_cache).

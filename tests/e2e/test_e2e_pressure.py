@@ -4,8 +4,11 @@
 KV pool (``e2e_harness.PRESSURE_ARGS``; CUDA graphs on and off): trial 0 is the probe alone, trials 1-11 send the
 probe just after 31 requests of ~256 new tokens that ask for about twice the pool, so SGLang retracts running
 requests (the youngest, fewest output tokens, first) and re-prefills them later. Two more DETSPEC servers add
-SGLang's own forced-retraction knob (``e2e_harness.FORCED_RETRACT_ENV``: the request with the fewest output tokens
-is retracted every 3 decode steps), so the late probe is retracted in most loaded trials rather than by chance.
+SGLang's own forced-retraction knob (``e2e_harness.FORCED_RETRACT_ENV``: a retraction every 12 decode steps) aimed at
+the probe (``e2e_harness.RETRACT_PROBE_CONTROL``: the request seeded ``SEED`` is retracted first, twice, once it holds
+32 tokens), so the probe is retracted in the loaded trials rather than by chance. SGLang's own order retracts the
+fewest output tokens first, which the replay's rewound fillers always have: on an H100 (2026-12-06) the forced
+servers retracted others 30 - 37 times per trial and the probe in none of 11 loaded trials.
 Every trial says whether the probe was retracted (``meta_info.num_retractions``) and whether others were (also
 ``/metrics`` ``sglang:num_retracted_requests_total``, ``--enable-metrics``); the server log's "#retracted_reqs" lines
 are recorded as a third witness.
@@ -34,7 +37,7 @@ from e2e_harness import register_cuda_ci
 
 register_cuda_ci(est_time=300, suite="detspec-e2e")
 
-SEED = 1234
+SEED = h.PRESSURE_PROBE_SEED  # the probe RETRACT_PROBE_CONTROL retracts on the forced servers
 TRIALS = 12
 PROBE_TOKENS = 256
 PRESSURE = ("detspec_eagle_pressure_graph", "detspec_eagle_pressure_nograph")
