@@ -17,8 +17,9 @@ product's and SGLang's. Registered with SGLang's own ``HookRegistry``, which app
 every process that loads plugins (the scheduler among them).
 
 Put on PYTHONPATH by ``tests/e2e/e2e_harness.py`` (``with_control(RETRACT_PROBE_CONTROL, ...)``) for the servers of
-``tests/e2e/test_e2e_invariant_pressure.py`` and the forced servers of ``tests/e2e/test_e2e_pressure.py``; ``tests/unit/e2e_helpers/test_retract_probe_control.py`` checks the hook on CPU
-against the installed SGLang's own ordering.
+``tests/e2e/test_e2e_invariant_pressure.py`` and the forced servers of ``tests/e2e/test_e2e_pressure.py``;
+``tests/unit/e2e_helpers/test_retract_probe_control.py`` checks the hook on CPU against the installed SGLang's own
+ordering.
 """
 
 import logging
