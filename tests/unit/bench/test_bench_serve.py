@@ -433,6 +433,7 @@ def test_whole_run_orchestration_with_fake_servers_and_clients(tmp_path, monkeyp
     rows = list(csv.DictReader(open(tmp_path / "out" / "bench_serve.csv")))
     assert [r["config"] for r in rows] == ["no_spec"] * 2 + ["eagle_rs"] * 2 + ["eagle_det"] * 2 + ["detspec"] * 2
     assert rows[4]["error"].startswith("server did not start")
+    assert "--start sequential" in rows[4]["error"], "a server that failed alone too names the way out"
     printed = capsys.readouterr().out
     assert "detspec / eagle_rs (goal >= 0.97): c=1: 1.050 ok" in printed and "verify_forward" in printed
     assert (tmp_path / "out" / "step_timing_hook" / "sitecustomize.py").read_text() == step_timing.SITECUSTOMIZE
