@@ -266,9 +266,8 @@ def run_benchmark(settings: cfgs.BenchSettings, out: Path, *, models_dir: Option
                 del failed[name], startup[name]
                 ready(name)
                 if name in failed:  # the others' pools stay allocated, so a large pair cannot start beside them
-                    failed[name] += (" (also alone beside the other servers' pools: SGLang wants a larger "
-                                     "--mem-fraction-static than the side-by-side share; run with --start sequential, "
-                                     "where each server gets 0.5)")
+                    failed[name] += (" (also alone beside the other servers' pools: if its log asks for a larger "
+                                     "--mem-fraction-static, run with --start sequential, where each server gets 0.5)")
                     _log(f"{name}: {failed[name]}")
         if settings.order == "interleaved":
             # Rounds across every configuration whose server is up; all released together at the end, the
