@@ -35,7 +35,8 @@ import torch
 
 from sglang_detspec.models.tiny_weights import WEIGHTS_FILE
 
-__all__ = ["TinyPairReference", "AcceptEstimate", "load_reference", "estimate_accept_length"]
+__all__ = ["TinyPairReference", "AcceptEstimate", "ServedAcceptLength", "load_reference", "estimate_accept_length",
+           "simulate_served_accept_length"]
 
 _DRAFT_KINDS = ("eagle", "eagle3")
 
@@ -226,6 +227,37 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return (logits.double() / temperature).softmax(-1)
 
 
+def _verify_round(ref: TinyPairReference, kind: str, x: List[int], steps: int, temperature: float,
+                  gen: torch.Generator, first_accept: List[float]):
+    """One chained-draft round after context ``x``: ``(tokens it appends, expected tokens per verify step)``.
+
+    The expectation is ``1 + r1 + r1 r2 + ...`` with ``r_k = min(1, p_k(d_k) / q_k(d_k))`` for the sampled drafts
+    (the coins averaged out); the appended tokens use drawn coins and the correction from ``max(p - q, 0)``
+    normalised, so the trajectory is a sample of the target. Appends ``sum min(p, q)`` of the first draft position
+    to ``first_accept``."""
+    q = []
+
+    def sample(k: int, logits: torch.Tensor) -> int:
+        q.append(_probs(logits, temperature))
+        return int(torch.multinomial(q[-1], 1, generator=gen))
+
+    drafts, _ = ref.draft_chain(kind, x, steps, sample)
+    p_all = _probs(ref.target(torch.tensor(x + drafts)).logits[len(x) - 1 :], temperature)
+    expected, survive, new = 1.0, 1.0, None
+    for k, d in enumerate(drafts):
+        r = min(1.0, float(p_all[k, d] / q[k][d]))
+        survive *= r
+        expected += survive
+        if k == 0:
+            first_accept.append(float(torch.minimum(p_all[0], q[0]).sum()))
+        if new is None and float(torch.rand((), generator=gen, dtype=torch.float64)) >= r:
+            residual = (p_all[k] - q[k]).clamp_min(0)
+            new = drafts[:k] + [int(torch.multinomial(residual / residual.sum(), 1, generator=gen))]
+    if new is None:
+        new = drafts + [int(torch.multinomial(p_all[steps], 1, generator=gen))]
+    return new, expected
+
+
 @_single_threaded
 def estimate_accept_length(
     ref: TinyPairReference,
@@ -253,28 +285,56 @@ def estimate_accept_length(
     for prompt in prompts:
         x = list(prompt)
         while len(x) < len(prompt) + new_tokens:
-            q = []
-
-            def sample(k: int, logits: torch.Tensor, q: list = q) -> int:  # this round's q, bound at definition
-                q.append(_probs(logits, temperature))
-                return int(torch.multinomial(q[-1], 1, generator=gen))
-
-            drafts, _ = ref.draft_chain(kind, x, steps, sample)
-            p_all = _probs(ref.target(torch.tensor(x + drafts)).logits[len(x) - 1 :], temperature)
-            expected, survive, new = 1.0, 1.0, None
-            for k, d in enumerate(drafts):
-                r = min(1.0, float(p_all[k, d] / q[k][d]))
-                survive *= r
-                expected += survive
-                if k == 0:
-                    first_accept.append(float(torch.minimum(p_all[0], q[0]).sum()))
-                if new is None and float(torch.rand((), generator=gen, dtype=torch.float64)) >= r:
-                    residual = (p_all[k] - q[k]).clamp_min(0)
-                    new = drafts[:k] + [int(torch.multinomial(residual / residual.sum(), 1, generator=gen))]
-            if new is None:
-                new = drafts + [int(torch.multinomial(p_all[steps], 1, generator=gen))]
+            new, expected = _verify_round(ref, kind, x, steps, temperature, gen, first_accept)
             lengths.append(expected)
             x += new
     t = torch.tensor(lengths, dtype=torch.float64)
     stderr = float(t.std() / math.sqrt(len(t))) if len(t) > 1 else float("nan")
     return AcceptEstimate(float(t.mean()), stderr, float(torch.tensor(first_accept).mean()), len(t))
+
+
+class ServedAcceptLength(NamedTuple):
+    accept_length: float  # sum of completion tokens / sum of verify steps, as SGLang and lossless_check report it
+    per_sequence_mean: float  # mean of completion tokens / verify steps per sequence
+    per_sequence_stderr: float
+    sequences: int
+
+
+@_single_threaded
+def simulate_served_accept_length(
+    ref: TinyPairReference,
+    kind: str = "eagle",
+    *,
+    prompt: List[int],
+    sequences: int,
+    new_tokens: int = 24,
+    steps: int = 3,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> ServedAcceptLength:
+    """The accept length a server reports for ``sequences`` samples of ``new_tokens`` tokens from one prompt.
+
+    As SGLang counts it (``completion_tokens / spec_verify_ct``): the first token is the prefill's sample, every
+    later one comes from a verify round, and the last round's surplus tokens are cut at ``new_tokens`` but the round
+    counts. ``scripts/lossless_check.py`` reports this number for its fixed prompt, so the simulation is that check's
+    CPU expectation (float32 forwards: probabilities agree with a GPU's bf16 ones to bf16 precision)."""
+    _check_kind(kind)
+    if sequences < 1 or new_tokens < 2 or len(prompt) < 1:
+        raise ValueError(f"need sequences >= 1, new_tokens >= 2 and a prompt, got {sequences}, {new_tokens}, "
+                         f"{len(prompt)} prompt tokens")
+    gen = torch.Generator().manual_seed(seed)
+    rounds_total, per_sequence, unused = 0, [], []
+    for _ in range(sequences):
+        first = _probs(ref.target(torch.tensor(prompt)).logits[-1], temperature)
+        x = list(prompt) + [int(torch.multinomial(first, 1, generator=gen))]
+        made, rounds = 1, 0
+        while made < new_tokens:
+            new, _ = _verify_round(ref, kind, x, steps, temperature, gen, unused)
+            x += new
+            made += len(new)
+            rounds += 1
+        rounds_total += rounds
+        per_sequence.append(new_tokens / rounds)
+    t = torch.tensor(per_sequence, dtype=torch.float64)
+    stderr = float(t.std() / math.sqrt(len(t))) if len(t) > 1 else float("nan")
+    return ServedAcceptLength(new_tokens * sequences / rounds_total, float(t.mean()), stderr, sequences)

@@ -14,7 +14,7 @@ import torch
 from sglang_detspec.models import model_cache, tiny_config
 from sglang_detspec.models import tiny_models as tm
 from sglang_detspec.models import tiny_weights as tw
-from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference
+from sglang_detspec.models.tiny_reference import estimate_accept_length, load_reference, simulate_served_accept_length
 
 # sha256 of the three model.safetensors files. A changed byte must come with a TINY_WEIGHTS_VERSION bump
 # (the cache directory is named after it, so stale caches are never served); update both together.
@@ -373,3 +373,28 @@ def test_estimator_validates_its_arguments(ref):
         estimate_accept_length(ref, "medusa", prompts=_PROMPTS)
     with pytest.raises(ValueError, match="prompts"):
         estimate_accept_length(ref, "eagle", prompts=[[5]])
+
+
+def test_served_accept_length_counts_as_a_server_does(ref, monkeypatch):
+    # With the target as its own draft every draft is accepted: each verify round adds steps + 1 = 4 tokens.
+    def target_as_draft(kind, context, steps, choose):
+        drafts, logits = [], []
+        for k in range(steps):
+            logits.append(ref.target(torch.tensor(context + drafts)).logits[-1])
+            drafts.append(int(choose(k, logits[-1])))
+        return drafts, logits
+
+    monkeypatch.setattr(ref, "draft_chain", target_as_draft)
+    # 24 tokens: the prefill's 1, then 23 from verify rounds of 4 -> 6 rounds (the last one's surplus cut): 24 / 6.
+    assert simulate_served_accept_length(ref, prompt=_PROMPTS[0], sequences=2, new_tokens=24).accept_length == 4.0
+    # 9 tokens: 8 after the prefill -> 2 rounds: 4.5, above steps + 1, as SGLang reports it (without the prefill's
+    # token 3 rounds would give 3.0).
+    short = simulate_served_accept_length(ref, prompt=_PROMPTS[0], sequences=2, new_tokens=9)
+    assert short.accept_length == 4.5 and short.per_sequence_stderr == 0.0
+    with pytest.raises(ValueError, match="new_tokens >= 2"):
+        simulate_served_accept_length(ref, prompt=_PROMPTS[0], sequences=1, new_tokens=1)
+
+
+def test_served_accept_length_of_the_real_draft_is_below_the_maximum(ref):
+    est = simulate_served_accept_length(ref, prompt=_PROMPTS[0], sequences=3, new_tokens=12, seed=4)
+    assert 1.0 < est.accept_length < 4.0 and est.sequences == 3
