@@ -17,6 +17,12 @@ may overlap only across streams; SGLang decodes on one).  ``window_ms`` is the s
 the last kernel's end over the steps: with graphs off it includes the CPU's launch gaps, so it is an upper bound of a
 step, not the graph-replay step time.
 
+Where the host spends a step: SGLang marks its phases with ``record_function`` annotations (``draft``,
+``step[TARGET_VERIFY bs=N]``, ``draft_extend``, ``scheduler.process_batch_result``, ...).  :func:`host_phases` gives
+each phase's CPU milliseconds per step (batch sizes dropped from the names), and :func:`attribute` the GPU's busy
+time per step (the union of kernel intervals) beside ``window_ms``; with CUDA graphs on, ``window - busy`` is the time
+the GPU waited for the host.
+
 Standard library only, so the attribution is tested on CPU with hand-built traces.
 """
 
@@ -30,7 +36,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["KERNEL_CATEGORIES", "CATEGORY_ORDER", "GEMM_OPS", "categorize", "read_trace", "gemm_shape",
-           "attribute", "format_category_table", "format_gemm_table"]
+           "attribute", "host_phases", "busy_us", "format_category_table", "format_gemm_table", "format_phase_table"]
 
 #: ``(category, pattern)`` in the order they are tried on a kernel's lower-cased name; the first match wins.  GEMM
 #: first (cuBLAS ``nvjet`` / ``sm90_xmma`` / CUTLASS names, SGLang's ``matmul_kernel_persistent`` and
@@ -118,7 +124,8 @@ def attribute(trace: Mapping, steps: int, shape_names: Optional[Mapping[Tuple[in
               top: int = 15) -> dict:
     """Per-step milliseconds by category, by GEMM weight shape and by kernel name for a trace of ``steps`` steps.
 
-    Returns ``{"steps", "kernel_ms", "window_ms", "kernels_per_step", "categories": {category: ms}, "gemm_shapes":
+    Returns ``{"steps", "kernel_ms", "window_ms", "gpu_busy_ms", "kernels_per_step", "phases": {phase: ms} (see
+    :func:`host_phases`), "categories": {category: ms}, "gemm_shapes":
     {label: {"ms", "calls", "m": [distinct M]}}, "top_kernels": [{"name", "category", "ms", "calls"}]}``, every
     ``ms`` and ``calls`` per step.  Raises ValueError when the trace holds no kernel (profiled on the CPU only?)."""
     if steps < 1:
@@ -134,11 +141,12 @@ def attribute(trace: Mapping, steps: int, shape_names: Optional[Mapping[Tuple[in
     categories: Dict[str, float] = defaultdict(float)
     shapes: Dict[str, Dict] = {}
     by_name: Dict[str, List[float]] = {}
-    first, last, kernels = None, None, 0
+    first, last, kernels, intervals = None, None, 0, []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", *_COPY_CATEGORIES):
             continue
         dur, ts = float(e.get("dur", 0.0)), float(e.get("ts", 0.0))
+        intervals.append((ts, ts + dur))
         first = ts if first is None else min(first, ts)
         last = ts + dur if last is None else max(last, ts + dur)
         kernels += 1
@@ -166,13 +174,76 @@ def attribute(trace: Mapping, steps: int, shape_names: Optional[Mapping[Tuple[in
         "steps": steps,
         "kernel_ms": sum(categories.values()) / per,
         "window_ms": (last - first) / per,
+        "gpu_busy_ms": busy_us(intervals) / per,
         "kernels_per_step": kernels / steps,
+        "phases": host_phases(trace, steps),
         "categories": {c: categories.get(c, 0.0) / per for c in CATEGORY_ORDER},
         "gemm_shapes": {label: {"ms": row["ms"] / per, "calls": row["calls"] / steps, "m": sorted(row["m"])}
                         for label, row in sorted(shapes.items(), key=lambda kv: -kv[1]["ms"])},
         "top_kernels": [{"name": n, "category": categorize(n), "ms": v[0] / per, "calls": v[1] / steps}
                         for n, v in ranked],
     }
+
+
+def busy_us(intervals: Iterable[Tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals: the time at least one of them runs."""
+    total, end = 0.0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+_BATCH_SIZE = re.compile(r" bs=\d+")
+_COMPILED_GRAPH = re.compile(r"^## Call CompiledFxGraph .*##$")
+
+
+def phase_name(annotation: str) -> str:
+    """An annotation's phase: the batch size dropped (``step[TARGET_VERIFY bs=8]`` -> ``step[TARGET_VERIFY]``), every
+    torch.compile graph call one name."""
+    if _COMPILED_GRAPH.match(annotation):
+        return "torch.compile graph call"
+    return _BATCH_SIZE.sub("", annotation)
+
+
+def host_phases(trace: Mapping, steps: int) -> Dict[str, float]:
+    """CPU milliseconds per step of each annotated phase (``user_annotation`` events on the host), largest first.
+
+    Nested phases are each counted in full (``draft`` holds its ``step[DECODE]`` calls), so the values do not add
+    up to a step; profiler-internal annotations (``ProfilerStep``) are left out."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    totals: Dict[str, float] = defaultdict(float)
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and not str(e.get("name", "")).startswith(
+                "ProfilerStep"):
+            totals[phase_name(str(e.get("name", "?")))] += float(e.get("dur", 0.0))
+    return {name: us / (1000.0 * steps) for name, us in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def format_phase_table(profiles: Mapping[str, Mapping], title: str = "", top: int = 12) -> str:
+    """A markdown table: the host's ms per step in each annotated phase, per configuration (the ``top`` phases of
+    the first configuration, then any other's), and the GPU's busy and idle time per step."""
+    cols = _columns(profiles)
+    if not cols:
+        return f"{title}\n(no profile)" if title else "(no profile)"
+    names: List[str] = []
+    for c in cols:
+        names += [n for n in list(profiles[c].get("phases", {}))[:top] if n not in names]
+    lines = [title] if title else []
+    lines += ["| host ms per step | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for n in names:
+        cells = [profiles[c].get("phases", {}).get(n) for c in cols]
+        lines.append(f"| {n} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in cells) + " |")
+    busy = [profiles[c].get("gpu_busy_ms") for c in cols]
+    lines.append("| GPU busy (union of kernels) | " + " | ".join("-" if v is None else f"{v:.3f}" for v in busy) + " |")
+    lines.append("| GPU idle (window - busy) | " + " | ".join(
+        "-" if v is None else f"{profiles[c]['window_ms'] - v:.3f}" for c, v in zip(cols, busy)) + " |")
+    return "\n".join(lines)
 
 
 def _columns(profiles: Mapping[str, Mapping]) -> List[str]:
@@ -191,7 +262,7 @@ def format_category_table(profiles: Mapping[str, Mapping], title: str = "") -> s
         if any(v > 0 for v in values):
             lines.append(f"| {category} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
     lines.append("| **all kernels** | " + " | ".join(f"**{profiles[c]['kernel_ms']:.3f}**" for c in cols) + " |")
-    lines.append("| window (graphs off) | " + " | ".join(f"{profiles[c]['window_ms']:.3f}" for c in cols) + " |")
+    lines.append("| window (first kernel start to last end) | " + " | ".join(f"{profiles[c]['window_ms']:.3f}" for c in cols) + " |")
     return "\n".join(lines)
 
 

@@ -92,6 +92,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(CUDA graphs off, SGLang's profiler) and write op_profile.md / .json, the GPU time per step "
                         "by op category and by GEMM weight shape; --output-len defaults to "
                         f"max(2048, {PROFILE_TOKENS_PER_STEP} x N) there (default: 0, off)")
+    p.add_argument("--profile-graphs", action="store_true",
+                   help="with --profile-steps: keep CUDA graphs on, to see the host's ms per step in each annotated "
+                        "phase and the GPU's idle time of replayed steps (no GEMM-by-weight table then: no op "
+                        "launches a replayed kernel)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the settings, every server and bench_serving command and the estimate; run nothing")
 
@@ -108,6 +112,8 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
     if steps and getattr(args, "order", None) == "interleaved":
         raise ValueError("--order interleaved orders throughput repetitions; --profile-steps measures no throughput. "
                          "Drop one of them")
+    if getattr(args, "profile_graphs", False) and not steps:
+        raise ValueError("--profile-graphs changes how --profile-steps profiles; give --profile-steps N too")
     if steps and args.output_len is None:
         values["output_len"] = max(2048, PROFILE_TOKENS_PER_STEP * steps)
     for name in ("configs", "concurrencies", "prompts_per_concurrency", "input_len", "output_len", "temperature",
@@ -155,7 +161,8 @@ def shape_from_args(args: argparse.Namespace):
                         intermediate=(hidden * 11 // 4 + 255) // 256 * 256, vocab=vocab)
 
 
-def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_steps: int = 0) -> str:
+def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_steps: int = 0,
+                 profile_graphs: bool = False) -> str:
     import shlex
 
     from sglang_detspec.models.midsize_models import cache_dir_name
@@ -166,7 +173,7 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
     for name in settings.configs:
         c = _configs.config_by_name(name)
         argv = _configs.server_args(c, target, draft, settings, mem_fraction=0.5 if profile_steps else 0.2)
-        if profile_steps:
+        if profile_steps and not profile_graphs:
             from sglang_detspec.bench.serving_bench.profile_runner import GRAPHS_OFF
 
             argv += GRAPHS_OFF
@@ -174,7 +181,8 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
     if profile_steps:
         lines.append(f"profile: at each concurrency {','.join(map(str, settings.concurrencies))}, that many "
                      f"/generate requests of {settings.input_len} random ids and {settings.output_len} new tokens, "
-                     f"then /start_profile for {profile_steps} decode batches (CPU + GPU, record_shapes)")
+                     f"then /start_profile for {profile_steps} decode batches (CPU + GPU, record_shapes; CUDA graphs "
+                     f"{'on' if profile_graphs else 'off'})")
         return "\n".join(lines)
     for conc in settings.concurrencies:
         cmd = _configs.bench_serving_command("python", 0, target, settings, conc, out / f"NAME-c{conc}.jsonl")
@@ -188,13 +196,13 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
 def run(args: argparse.Namespace) -> int:
     settings, shape = settings_from_args(args), shape_from_args(args)
     if args.dry_run:
-        print(dry_run_text(settings, shape, args.out, args.profile_steps))
+        print(dry_run_text(settings, shape, args.out, args.profile_steps, args.profile_graphs))
         return 0
     if args.profile_steps:
         from sglang_detspec.bench.serving_bench.profile_runner import run_profile
 
         return run_profile(settings, args.out, models_dir=args.models_dir, shape=shape, steps=args.profile_steps,
-                           start_timeout=args.start_timeout)
+                           start_timeout=args.start_timeout, graphs=args.profile_graphs)
     from sglang_detspec.bench.serving_bench.runner import run_benchmark
 
     return run_benchmark(settings, args.out, models_dir=args.models_dir, shape=shape,

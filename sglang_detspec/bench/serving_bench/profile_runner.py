@@ -1,14 +1,16 @@
 """``bench-serve --profile-steps N``: where each configuration's decode step spends its GPU time, op by op.
 
 For every configuration (one server at a time, CUDA graphs off so every kernel is launched by an op the trace
-records) and every concurrency ``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new
+records; ``--profile-graphs`` keeps them on, to see the host's share of a replayed step) and every concurrency ``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new
 tokens (``ignore_eos``) are sent at once; once they decode, SGLang's own profiler (``/start_profile`` with
 ``profile_by_stage``: exactly ``N`` decode batches, CPU and GPU activities, ``record_shapes``) records ``N`` steps
 and writes a Chrome trace; :mod:`sglang_detspec.bench.op_profile` attributes its kernels to categories and the GEMMs
 to the pair's weight shapes; the rest of the requests is aborted.  A speculative step is one scheduler batch: the
 draft steps, the verify forward and the draft extend together.
 
-Writes ``op_profile.json`` (every point's attribution and the top kernels), ``op_profile.md`` (the tables) and keeps
+Writes ``op_profile.json`` (every point's attribution, host phases and the top kernels), ``op_profile.md`` (the
+tables: by category, by GEMM weight, and the host's ms per step in each of SGLang's annotated phases with the GPU's
+busy and idle time) and keeps
 the traces under ``traces/``.  A point whose requests finished before the trace was written is an error (the batch
 shrank while it was profiled): raise ``--output-len``.
 """
@@ -153,7 +155,7 @@ def check_profile_settings(settings: cfgs.BenchSettings, steps: int) -> None:
 
 
 def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional[Path], shape, steps: int,
-                start_timeout: float = 420.0) -> int:
+                start_timeout: float = 420.0, graphs: bool = False) -> int:
     """Profile every configuration of ``settings`` at every concurrency (module docstring); the exit code is 0 when
     every point was profiled, 1 when some failed, 2 when nothing could run."""
     check_profile_settings(settings, steps)
@@ -180,26 +182,26 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
     except ImportError:
         bar = None
     try:
-        _profile_configs(settings, out, traces, pair, shape, steps, shape_names, start_timeout, points, bar)
+        _profile_configs(settings, out, traces, pair, shape, steps, shape_names, start_timeout, points, bar, graphs)
     except KeyboardInterrupt:  # timeout -s INT: keep what was measured
         _log("interrupted: the report below holds the points profiled so far")
-        _report(out, settings, shape, steps, points)
+        _report(out, settings, shape, steps, points, graphs=graphs)
         return 130
     finally:
         if bar is not None:
             bar.close()
-    return _report(out, settings, shape, steps, points)
+    return _report(out, settings, shape, steps, points, graphs=graphs)
 
 
 def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int, shape_names, start_timeout: float,
-                     points: Dict[str, Dict[int, dict]], bar) -> None:
+                     points: Dict[str, Dict[int, dict]], bar, graphs: bool = False) -> None:
     """One server per configuration, in turn, every concurrency on it; the report is rewritten after each
     configuration, so a run stopped part-way leaves its finished points on disk."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     for name in settings.configs:
         config = cfgs.config_by_name(name)
         spec = server_process.ServerSpec(name, cfgs.server_args(config, pair.target, pair.eagle_draft, settings,
-                                                                mem_fraction=0.5) + GRAPHS_OFF,
+                                                                mem_fraction=0.5) + ([] if graphs else GRAPHS_OFF),
                                          env=dict(env, **dict(config.env)))
         server = server_process.Server(spec, server_process.free_port(34000), out / f"server-{name}.log",
                                        pid_file=out / "server_pids.txt")
@@ -221,26 +223,28 @@ def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int,
                 points[name][c] = {"error": f"server did not start: {str(e).splitlines()[0]}"}
         finally:
             server.stop()
-        _report(out, settings, shape, steps, points, quiet=True)
+        _report(out, settings, shape, steps, points, quiet=True, graphs=graphs)
 
 
-def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, dict]], quiet: bool = False) -> int:
+def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, dict]], quiet: bool = False,
+            graphs: bool = False) -> int:
     """Write op_profile.json / .md for the configurations in ``points`` (print the tables unless ``quiet``); 0 when
     every point of every configuration in ``settings`` was profiled, else 1."""
     import dataclasses
 
     version = server_process.sglang_version()
     document = {"sglang": version, "shape": dataclasses.asdict(shape), "steps": steps,
-                "settings": dataclasses.asdict(settings), "graphs": "off",
+                "settings": dataclasses.asdict(settings), "graphs": "on" if graphs else "off",
                 "configs": {n: cfgs.config_by_name(n).label for n in settings.configs},
                 "points": {n: {str(c): p for c, p in per.items()} for n, per in points.items()}}
     (out / "op_profile.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     sections = [f"# Decode-step profile, sglang {version}, pair {shape.tag()}, {steps} steps per point, CUDA graphs "
-                f"off, input {settings.input_len} tokens, T={settings.temperature:g}"]
+                f"{'on' if graphs else 'off'}, input {settings.input_len} tokens, T={settings.temperature:g}"]
     for c in settings.concurrencies:
         per_config = {n: points[n].get(c) for n in settings.configs if n in points}
         sections.append(op_profile.format_category_table(per_config, title=f"\n## Concurrency {c}: by category\n"))
         sections.append(op_profile.format_gemm_table(per_config, title=f"\n## Concurrency {c}: GEMM by weight\n"))
+        sections.append(op_profile.format_phase_table(per_config, title=f"\n## Concurrency {c}: host phases\n"))
         errors = [f"- {n}: {p['error']}" for n, p in per_config.items() if p and "error" in p]
         if errors:
             sections.append("\nFailed points:\n" + "\n".join(errors))

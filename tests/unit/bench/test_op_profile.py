@@ -244,3 +244,83 @@ def test_a_profile_stopped_part_way_keeps_the_points_it_finished(tmp_path, monke
     assert set(document["points"]) == {"no_spec", "detspec"}
     assert set(document["points"]["no_spec"]) == {"1", "8"} and document["points"]["detspec"] == {}
     assert "| ms per step | no_spec |" in (tmp_path / "op_profile.md").read_text()
+
+
+def _annotation(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    assert op_profile.busy_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17  # 0-12 and 20-25
+    assert op_profile.busy_us([]) == 0
+
+
+def test_host_phases_per_step_with_batch_sizes_dropped():
+    trace = {"traceEvents": [
+        _annotation("step[TARGET_VERIFY bs=1]", 0, 3000), _annotation("step[TARGET_VERIFY bs=8]", 10000, 5000),
+        _annotation("draft", 4000, 1000), _annotation("## Call CompiledFxGraph abc123 ##", 4100, 200),
+        _annotation("ProfilerStep#3", 0, 20000),
+        _kernel("_fwd_kernel_stage1", 0, 1000), _kernel("_fwd_kernel_stage1", 500, 1000),
+        _kernel("matmul_kernel_persistent", 10000, 2000),
+    ]}
+    phases = op_profile.host_phases(trace, steps=2)
+    assert phases == {"step[TARGET_VERIFY]": 4.0, "draft": 0.5, "torch.compile graph call": 0.1}
+    assert list(phases)[0] == "step[TARGET_VERIFY]"  # largest first
+    got = op_profile.attribute(trace, steps=2)
+    assert got["phases"] == phases
+    assert got["gpu_busy_ms"] == pytest.approx((1500 + 2000) / 2000)  # the two overlapping kernels count once
+    assert got["window_ms"] == pytest.approx(12000 / 2000)
+    table = op_profile.format_phase_table({"detspec": got, "eagle_rs": {"error": "did not start"}})
+    assert "| step[TARGET_VERIFY] | 4.000 |" in table and "eagle_rs" not in table
+    assert "| GPU idle (window - busy) | 4.250 |" in table
+
+
+def test_profile_graphs_needs_profile_steps_and_keeps_graphs_on(capsys):
+    serving_bench, args = _bench_serve_args(["--profile-graphs"])
+    with pytest.raises(ValueError, match="give --profile-steps N too"):
+        serving_bench.settings_from_args(args)
+    serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--profile-graphs", "--configs", "detspec",
+                                             "--dry-run"])
+    assert serving_bench.run(args) == 0
+    text = capsys.readouterr().out
+    server = [line for line in text.splitlines() if line.startswith("server ")][0]
+    assert "--cuda-graph-backend-decode disabled" not in server and "CUDA graphs on" in text
+
+
+def test_a_graphs_on_profile_starts_servers_with_graphs_and_says_so(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from sglang_detspec.bench.serving_bench import profile_runner
+    from sglang_detspec.models import midsize_models
+
+    started = []
+
+    class FakeServer:
+        def __init__(self, spec, port, log_path, pid_file=None):
+            started.append(list(spec.args))
+
+        def start(self):
+            pass
+
+        def wait_ready(self, timeout):
+            pass
+
+        def stop(self):
+            pass
+
+    ok = op_profile.attribute({"traceEvents": [_kernel("matmul_kernel_persistent", 0, 2000),
+                                               _annotation("draft", 0, 3000)]}, steps=1)
+    monkeypatch.setattr(profile_runner.server_process, "launch_skip_reason", lambda: None)
+    monkeypatch.setattr(profile_runner.server_process, "Server", FakeServer)
+    monkeypatch.setattr(profile_runner.server_process, "free_port", lambda start: start)
+    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
+                        lambda directory, shape: SimpleNamespace(target=tmp_path / "t", eagle_draft=tmp_path / "d"))
+    monkeypatch.setattr(profile_runner, "_profile_point", lambda server, name, c, *rest: dict(ok))
+    serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--configs", "detspec", "--concurrencies", "1",
+                                             "--profile-graphs"])
+    rc = profile_runner.run_profile(serving_bench.settings_from_args(args), tmp_path, models_dir=tmp_path,
+                                    shape=serving_bench.shape_from_args(args), steps=5, graphs=args.profile_graphs)
+    assert rc == 0 and len(started) == 1 and "disabled" not in started[0]
+    report = (tmp_path / "op_profile.md").read_text()
+    assert "CUDA graphs on" in report and "| draft | 3.000 |" in report
+    assert json.loads((tmp_path / "op_profile.json").read_text())["graphs"] == "on"
