@@ -29,7 +29,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 __all__ = ["PromptTally", "paired_difference", "pooled_accept_length", "make_prompts", "request_payloads",
            "tally_responses", "format_report", "parse_args", "main"]
 
-#: The sampling seed of (prompt p, repeat r) is ``base + p * SEED_STRIDE + r``: distinct for any sane sizes.
+#: The sampling seed of (prompt p, repeat r) is ``base + p * SEED_STRIDE + r``: distinct while r < SEED_STRIDE.
 SEED_STRIDE = 1_000_003
 
 
@@ -84,8 +84,8 @@ def make_prompts(count: int, length: int, vocab: int, seed: int) -> List[List[in
 def request_payloads(prompts: Sequence[Sequence[int]], seeds_per_prompt: int, *, output_len: int,
                      temperature: float, seed_base: int) -> List[Tuple[Tuple[int, int], dict]]:
     """One ``/generate`` payload per (prompt, repeat), keyed by ``(prompt index, seed)``."""
-    if seeds_per_prompt < 1:
-        raise ValueError(f"--seeds-per-prompt must be at least 1, got {seeds_per_prompt}")
+    if not 1 <= seeds_per_prompt < SEED_STRIDE:
+        raise ValueError(f"--seeds-per-prompt must be in 1..{SEED_STRIDE - 1}, got {seeds_per_prompt}")
     out = []
     for p, ids in enumerate(prompts):
         for r in range(seeds_per_prompt):

@@ -89,7 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-timeout", type=float, default=420.0, help="seconds to wait for one server (default 420)")
     p.add_argument("--profile-steps", type=int, default=0, metavar="N",
                    help="instead of throughput: profile N decode steps of each configuration at each concurrency "
-                        "(CUDA graphs off, SGLang's profiler) and write op_profile.md / .json, the GPU time per step "
+                        "(CUDA graphs off unless --profile-graphs, SGLang's profiler) and write op_profile.md / .json, the GPU time per step "
                         "by op category and by GEMM weight shape; --output-len defaults to "
                         f"max(2048, {PROFILE_TOKENS_PER_STEP} x N) there (default: 0, off)")
     p.add_argument("--profile-graphs", action="store_true",

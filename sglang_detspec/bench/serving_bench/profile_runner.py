@@ -1,8 +1,9 @@
 """``bench-serve --profile-steps N``: where each configuration's decode step spends its GPU time, op by op.
 
 For every configuration (one server at a time, CUDA graphs off so every kernel is launched by an op the trace
-records; ``--profile-graphs`` keeps them on, to see the host's share of a replayed step) and every concurrency ``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new
-tokens (``ignore_eos``) are sent at once; once they decode, SGLang's own profiler (``/start_profile`` with
+records; ``--profile-graphs`` keeps them on, to see the host's share of a replayed step) and every concurrency
+``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new tokens (``ignore_eos``) are sent
+at once; once they decode, SGLang's own profiler (``/start_profile`` with
 ``profile_by_stage``: exactly ``N`` decode batches, CPU and GPU activities, ``record_shapes``) records ``N`` steps
 and writes a Chrome trace; :mod:`sglang_detspec.bench.op_profile` attributes its kernels to categories and the GEMMs
 to the pair's weight shapes; the rest of the requests is aborted.  A speculative step is one scheduler batch: the
@@ -10,9 +11,8 @@ draft steps, the verify forward and the draft extend together.
 
 Writes ``op_profile.json`` (every point's attribution, host phases and the top kernels), ``op_profile.md`` (the
 tables: by category, by GEMM weight, and the host's ms per step in each of SGLang's annotated phases with the GPU's
-busy and idle time) and keeps
-the traces under ``traces/``.  A point whose requests finished before the trace was written is an error (the batch
-shrank while it was profiled): raise ``--output-len``.
+busy and idle time) and keeps the traces under ``traces/``.  A point whose requests finished before the trace was
+written is an error (the batch shrank while it was profiled): raise ``--output-len``.
 """
 
 from __future__ import annotations

@@ -202,13 +202,26 @@ def test_the_profile_dry_run_prints_graphs_off_servers_and_the_profile(capsys):
     assert "sglang.bench_serving" not in text  # no throughput client in profile mode
 
 
-def test_a_profile_stopped_part_way_keeps_the_points_it_finished(tmp_path, monkeypatch):
-    """``timeout -s INT`` during the second configuration: the first one's points are on disk, every server was
-    stopped, and the exit code says the run was interrupted."""
+def _fake_profile_servers(monkeypatch, tmp_path, server_class, point):
+    """``run_profile`` on CPU: ``server_class`` for every server, a stand-in pair, ``point`` for every profile."""
     from types import SimpleNamespace
 
     from sglang_detspec.bench.serving_bench import profile_runner
     from sglang_detspec.models import midsize_models
+
+    monkeypatch.setattr(profile_runner.server_process, "launch_skip_reason", lambda: None)
+    monkeypatch.setattr(profile_runner.server_process, "Server", server_class)
+    monkeypatch.setattr(profile_runner.server_process, "free_port", lambda start: start)
+    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
+                        lambda directory, shape: SimpleNamespace(target=tmp_path / "t", eagle_draft=tmp_path / "d"))
+    monkeypatch.setattr(profile_runner, "_profile_point", lambda server, name, c, *rest: dict(point))
+
+
+def test_a_profile_stopped_part_way_keeps_the_points_it_finished(tmp_path, monkeypatch):
+    """``timeout -s INT`` during the second configuration: the first one's points are on disk, every server was
+    stopped, and the exit code says the run was interrupted."""
+
+    from sglang_detspec.bench.serving_bench import profile_runner
 
     stopped = []
 
@@ -227,12 +240,7 @@ def test_a_profile_stopped_part_way_keeps_the_points_it_finished(tmp_path, monke
             stopped.append(self.name)
 
     ok = op_profile.attribute({"traceEvents": [_kernel("matmul_kernel_persistent", 0, 2000)]}, steps=1)
-    monkeypatch.setattr(profile_runner.server_process, "launch_skip_reason", lambda: None)
-    monkeypatch.setattr(profile_runner.server_process, "Server", FakeServer)
-    monkeypatch.setattr(profile_runner.server_process, "free_port", lambda start: start)
-    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
-                        lambda directory, shape: SimpleNamespace(target=tmp_path / "t", eagle_draft=tmp_path / "d"))
-    monkeypatch.setattr(profile_runner, "_profile_point", lambda server, name, c, *rest: dict(ok))
+    _fake_profile_servers(monkeypatch, tmp_path, FakeServer, ok)
     serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--configs", "no_spec,detspec",
                                              "--concurrencies", "1,8"])
     settings = serving_bench.settings_from_args(args)
@@ -288,10 +296,8 @@ def test_profile_graphs_needs_profile_steps_and_keeps_graphs_on(capsys):
 
 
 def test_a_graphs_on_profile_starts_servers_with_graphs_and_says_so(tmp_path, monkeypatch):
-    from types import SimpleNamespace
 
     from sglang_detspec.bench.serving_bench import profile_runner
-    from sglang_detspec.models import midsize_models
 
     started = []
 
@@ -310,12 +316,7 @@ def test_a_graphs_on_profile_starts_servers_with_graphs_and_says_so(tmp_path, mo
 
     ok = op_profile.attribute({"traceEvents": [_kernel("matmul_kernel_persistent", 0, 2000),
                                                _annotation("draft", 0, 3000)]}, steps=1)
-    monkeypatch.setattr(profile_runner.server_process, "launch_skip_reason", lambda: None)
-    monkeypatch.setattr(profile_runner.server_process, "Server", FakeServer)
-    monkeypatch.setattr(profile_runner.server_process, "free_port", lambda start: start)
-    monkeypatch.setattr(midsize_models, "ensure_midsize_pair",
-                        lambda directory, shape: SimpleNamespace(target=tmp_path / "t", eagle_draft=tmp_path / "d"))
-    monkeypatch.setattr(profile_runner, "_profile_point", lambda server, name, c, *rest: dict(ok))
+    _fake_profile_servers(monkeypatch, tmp_path, FakeServer, ok)
     serving_bench, args = _bench_serve_args(["--profile-steps", "5", "--configs", "detspec", "--concurrencies", "1",
                                              "--profile-graphs"])
     rc = profile_runner.run_profile(serving_bench.settings_from_args(args), tmp_path, models_dir=tmp_path,
