@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     settings = cfgs.BenchSettings(configs=args.configs, concurrencies=(args.concurrency,), input_len=args.input_len,
                                   output_len=args.output_len, temperature=args.temperature).validate()
     parallel = args.start == "parallel"
-    mem = round(min(0.8 / len(args.configs), 0.4), 3) if parallel else 0.5
+    mem = cfgs.mem_fraction(len(args.configs), parallel)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     specs = {n: server_process.ServerSpec(n, cfgs.server_args(cfgs.config_by_name(n), pair.target, pair.eagle_draft,
                                                               settings, mem_fraction=mem),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
-           "parse_configs", "parse_concurrencies", "num_prompts", "repetition_prompts", "server_args",
+           "parse_configs", "parse_concurrencies", "num_prompts", "mem_fraction", "repetition_prompts", "server_args",
            "bench_serving_command", "estimate_seconds", "ORDERS", "round_order", "order_description"]
 
 SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
@@ -213,6 +213,12 @@ def repetition_prompts(calibration_prompts: int, calibration_s: float, settings:
     wanted = calibration_prompts * per_rep_s / calibration_s * 1.1  # 10 % margin: the calibration includes warm-up
     waves = -(-int(min(max(wanted, calibration_prompts), calibration_prompts * MAX_SCALE)) // concurrency)
     return max(waves * concurrency, calibration_prompts)
+
+
+def mem_fraction(servers: int, parallel: bool) -> float:
+    """``--mem-fraction-static`` of each server: side by side an equal share, ``min(0.8 / servers, 0.4)`` (each holds
+    its pair's weights, its graphs and a KV pool sized for the largest concurrency); alone, 0.5 (more than enough)."""
+    return round(min(0.8 / servers, 0.4), 3) if parallel else 0.5
 
 
 def server_args(config: BenchConfig, target: Path, draft: Path, settings: BenchSettings, *,

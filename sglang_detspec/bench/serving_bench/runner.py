@@ -62,10 +62,7 @@ def _log(msg: str) -> None:
 
 
 def _specs(settings: cfgs.BenchSettings, pair, out: Path) -> Dict[str, server_process.ServerSpec]:
-    servers = len(settings.configs) + (1 if settings.breakdown else 0)
-    # Side by side every server gets an equal share of the GPU memory (each holds the 1.8 GB target, its graphs and
-    # a KV pool sized for the largest concurrency); alone, more than enough.
-    mem = round(min(0.8 / servers, 0.4), 3) if settings.parallel_start else 0.5
+    mem = cfgs.mem_fraction(len(settings.configs) + (1 if settings.breakdown else 0), settings.parallel_start)
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     specs = {}
     for name in settings.configs:

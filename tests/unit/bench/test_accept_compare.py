@@ -88,3 +88,11 @@ def test_configs_keep_the_users_order(tmp_path):
     args = ac.parse_args(["--out", str(tmp_path), "--configs", "detspec,eagle_rs"])
     assert args.configs == ("detspec", "eagle_rs")
     assert math.isclose(args.temperature, 1.0)
+
+
+def test_servers_side_by_side_share_the_card_and_alone_take_half():
+    from sglang_detspec.bench.serving_bench import configs as cfgs
+
+    assert cfgs.mem_fraction(2, parallel=True) == 0.4  # capped: two mid-size servers side by side
+    assert cfgs.mem_fraction(6, parallel=True) == 0.133  # an equal share of 0.8
+    assert cfgs.mem_fraction(2, parallel=False) == 0.5
