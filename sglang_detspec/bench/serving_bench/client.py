@@ -12,10 +12,10 @@ reported and the next one still runs.
 An entry with ``"repetitions": R`` (and ``"min_seconds"``, ``"concurrency"``, ``"output_file"``) is a measured point:
 its argv runs once as a calibration (warm-up included, discarded by the reader), then R more times with
 ``--num-prompts`` sized from the calibration's duration (:func:`..configs.repetition_prompts`) so that the R runs
-together last at least ``min_seconds``. ``output_file`` then holds 1 + R lines; the last R are the measurement.
+together last at least ``min_seconds``, repetition r with ``--seed`` :func:`..configs.round_seed` (a new prompt set). ``output_file`` then holds 1 + R lines; the last R are the measurement.
 ``--order interleaved`` splits a point in two kinds of entry: one with ``"calibrate": POINT`` (the point's fields)
 runs only the calibration and remembers the size it gives under the name POINT; one with ``"sized_by": POINT``
-(``argv``, ``reset_url``) is a single repetition with that size, so the runner can list the repetitions of every
+(``argv``, ``reset_url``, ``round``) is repetition ``round`` with that size, so the runner can list the repetitions of every
 point in rounds. A ``sized_by`` entry whose calibration failed is skipped and counted as failed.
 
 ``bench_serving`` imports every dataset module at start-up, some with dependencies only they use (HF ``datasets``
@@ -115,9 +115,16 @@ def _run_once(cli_main, argv) -> bool:
     return True
 
 
-def _with_num_prompts(argv, n: int):
+def _sized(argv, n: int, round_index: int):
+    """``argv`` with ``--num-prompts n`` and, if it has a ``--seed``, the seed of repetition ``round_index``
+    (:func:`..configs.round_seed`)."""
+    from sglang_detspec.bench.serving_bench.configs import round_seed
+
     argv = list(argv)
     argv[argv.index("--num-prompts") + 1] = str(n)
+    if "--seed" in argv:
+        i = argv.index("--seed") + 1
+        argv[i] = str(round_seed(int(argv[i]), round_index))
     return argv
 
 
@@ -145,11 +152,12 @@ def _calibrate(cli_main, run):
     return n
 
 
-def _run_sized(cli_main, run, n: int) -> bool:
-    """One measured repetition of ``n`` requests, the speculation counters reset first; False if it failed."""
+def _run_sized(cli_main, run, n: int, round_index: int) -> bool:
+    """Repetition ``round_index`` (1-based) of a point: ``n`` requests, the speculation counters reset first; False if
+    it failed."""
     reset_url = run.get("reset_url")
     print(f"[bench-serve client] counters reset: {_reset(reset_url) if reset_url else None}", flush=True)
-    return _run_once(cli_main, _with_num_prompts(run["argv"], n))
+    return _run_once(cli_main, _sized(run["argv"], n, round_index))
 
 
 def _run_point(cli_main, run) -> int:
@@ -158,7 +166,7 @@ def _run_point(cli_main, run) -> int:
     if n is None:
         return 1 + run["repetitions"]
     print(f"[bench-serve client] {run['repetitions']} repetitions of {n} requests", flush=True)
-    return sum(not _run_sized(cli_main, run, n) for _ in range(run["repetitions"]))
+    return sum(not _run_sized(cli_main, run, n, r) for r in range(1, run["repetitions"] + 1))
 
 
 def main(argv=None) -> int:
@@ -188,7 +196,7 @@ def main(argv=None) -> int:
                 print(f"[bench-serve client] skipped: {run['sized_by']} has no calibration", flush=True)
                 failed += 1
             else:
-                failed += not _run_sized(cli_main, run, n)
+                failed += not _run_sized(cli_main, run, n, run["round"])
             continue
         if run.get("repetitions"):
             failed += _run_point(cli_main, run)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
-           "parse_configs", "parse_concurrencies", "num_prompts", "mem_fraction", "repetition_prompts", "server_args",
+           "parse_configs", "parse_concurrencies", "num_prompts", "mem_fraction", "repetition_prompts", "round_seed", "server_args",
            "bench_serving_command", "estimate_seconds", "ORDERS", "round_order", "order_description"]
 
 SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
@@ -244,10 +244,21 @@ def server_args(config: BenchConfig, target: Path, draft: Path, settings: BenchS
     return args + list(config.extra_args)
 
 
+def round_seed(seed: int, round_index: int) -> int:
+    """bench_serving's ``--seed`` for repetition ``round_index`` of a point (1-based; 0 is the calibration).
+
+    Each repetition draws a new prompt set, the same for every configuration in that round, so rounds stay paired.
+    With one fixed set a seeded server replays the same trajectories in every repetition: bench_serving sends no
+    request seed, so every DETSPEC request runs with SGLang's default seed, and its accept length would be one draw
+    repeated R times instead of R draws (EAGLE + RS, unseeded, draws anew each time)."""
+    return seed + round_index
+
+
 def bench_serving_command(python: str, port: int, target: Path, settings: BenchSettings, concurrency: int,
                           output_file: Path) -> List[str]:
     """SGLang's own benchmark client against one server at one concurrency: the ``random-ids`` dataset sent as token
-    ids (fixed lengths: range ratio 1), the same ``--seed`` for every configuration (so each gets the same prompts),
+    ids (fixed lengths: range ratio 1), the same ``--seed`` for every configuration (so each gets the same prompts;
+    the client moves it per repetition, :func:`round_seed`),
     ``--temperature`` for every request, results appended to ``output_file`` (JSON lines)."""
     return [
         python, "-m", "sglang.bench_serving", "--backend", "sglang", "--host", "127.0.0.1", "--port", str(port),

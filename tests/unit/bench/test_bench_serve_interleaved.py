@@ -165,12 +165,13 @@ def test_read_rounds_keeps_each_result_on_its_round(tmp_path):
 def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
     """Patch run_benchmark's servers and pair, and run the real client in-process over a fake bench_serving: the
     machine slows by 10 % per round (each run's file says its round), detspec's rate is 0.9x eagle_rs's and 1.5x
-    no_spec's. Returns (runner, events, written): ``written`` maps (config, c, round or 0) to the rate written."""
+    no_spec's. Returns (runner, events, written, seeds): ``written`` maps (config, c, round or 0) to the rate
+    written, ``seeds`` to the run's ``--seed``."""
     from bench_fakes import patch_bench_servers, recording_server
 
     from sglang_detspec.bench.serving_bench import client, runner
 
-    events, written = [], {}
+    events, written, seeds = [], {}, {}
     rate = {"no_spec": 600.0, "eagle_rs": 1000.0, "detspec": 900.0, "detspec_breakdown": 100.0}
 
     def cli_main():
@@ -184,6 +185,7 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
         tok_s = rate[config] * c * (1.0 - 0.1 * r)
         written[(config, c, r)] = tok_s
         events.append(("run", config, c, r))
+        seeds[(config, c, r)] = int(argv[argv.index("--seed") + 1])
         with open(output, "a") as f:
             f.write(json.dumps({"max_concurrency": c, "duration": 1.0, "completed": n, "total_output_tokens": 10 * n,
                                 "output_throughput": tok_s, "median_ttft_ms": 1.0, "p99_ttft_ms": 2.0,
@@ -200,7 +202,7 @@ def _interleaved_run(monkeypatch, tmp_path, interrupt_at=None):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     patch_bench_servers(monkeypatch, tmp_path, recording_server(events))
     monkeypatch.setattr(runner, "_client_process", client_in_process)
-    return runner, events, written
+    return runner, events, written, seeds
 
 
 SETTINGS = cfgs.BenchSettings(configs=("no_spec", "eagle_rs", "detspec"), concurrencies=(1, 8), repetitions=3,
@@ -210,9 +212,12 @@ SETTINGS = cfgs.BenchSettings(configs=("no_spec", "eagle_rs", "detspec"), concur
 def test_interleaved_run_measures_in_rounds_and_reports_paired_ratios(tmp_path, monkeypatch, capsys):
     from sglang_detspec.models import midsize_models
 
-    runner, events, written = _interleaved_run(monkeypatch, tmp_path)
+    runner, events, written, seeds = _interleaved_run(monkeypatch, tmp_path)
     rc = runner.run_benchmark(SETTINGS, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 0
+    base = SETTINGS.seed
+    assert seeds == {(n, c, r): base + r for n in SETTINGS.configs for c in (1, 8) for r in range(4)}, \
+        "each round a new prompt set, the same for every configuration in it"
     runs = [e[1:] for e in events if e[0] == "run"]
     assert runs[:6] == [(n, c, 0) for n in ("no_spec", "eagle_rs", "detspec") for c in (1, 8)], "calibrations"
     assert [(n, r) for n, c, r in runs[6:] if c == 1] == [
@@ -247,7 +252,7 @@ def test_an_interrupted_interleaved_run_reports_the_rounds_it_measured(tmp_path,
     the ratio of medians (0.953) misses the true 0.9; the paired ratio pairs round 1 alone and gives 0.9."""
     from sglang_detspec.models import midsize_models
 
-    runner, events, written = _interleaved_run(monkeypatch, tmp_path, interrupt_at=("detspec", 2))
+    runner, events, written, _ = _interleaved_run(monkeypatch, tmp_path, interrupt_at=("detspec", 2))
     rc = runner.run_benchmark(SETTINGS, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     assert rc == 1
     assert {("stop", n) for n in SETTINGS.configs} <= set(events), "every server is stopped"
@@ -270,7 +275,7 @@ def test_the_breakdown_server_is_measured_alone_after_the_rounds(tmp_path, monke
 
     from sglang_detspec.models import midsize_models
 
-    runner, events, _ = _interleaved_run(monkeypatch, tmp_path)
+    runner, events, _, _ = _interleaved_run(monkeypatch, tmp_path)
     settings = dataclasses.replace(SETTINGS, breakdown=True)
     runner.run_benchmark(settings, tmp_path / "out", models_dir=tmp_path, shape=midsize_models.MidsizeShape())
     breakdown_runs = [i for i, e in enumerate(events) if e[:2] == ("run", runner.BREAKDOWN)]

@@ -134,21 +134,22 @@ def test_client_calibrates_then_runs_sized_repetitions(tmp_path, monkeypatch, ca
     seen = []
 
     def cli_main():
-        n = int(sys.argv[sys.argv.index("--num-prompts") + 1])
-        seen.append(n)
+        n, seed = int(sys.argv[sys.argv.index("--num-prompts") + 1]), int(sys.argv[sys.argv.index("--seed") + 1])
+        seen.append((n, seed))
         with open(out, "a") as f:  # bench_serving appends one line per run; 8 requests take 1 s here
             f.write(_line(completed=n, duration=n / 8, max_concurrency=4) + "\n")
 
     monkeypatch.setitem(sys.modules, "sglang.bench_serving", types.SimpleNamespace(cli_main=cli_main))
     monkeypatch.setattr(client, "_reset", lambda url: True)
     runs = tmp_path / "runs.json"
-    runs.write_text(json.dumps({"runs": [{"argv": ["--num-prompts", "8", "--x"], "reset_url": "http://ok",
+    runs.write_text(json.dumps({"runs": [{"argv": ["--num-prompts", "8", "--seed", "7", "--x"], "reset_url": "http://ok",
                                           "repetitions": 2, "min_seconds": 20.0, "concurrency": 4,
                                           "output_file": str(out)}]}))
     monkeypatch.setattr(sys, "argv", ["keep"])
     assert client.main([str(runs)]) == 0
-    # calibration 8 requests in 1 s -> 10 s per repetition wants 80, +10 % = 88 (whole waves of 4)
-    assert seen == [8, 88, 88]
+    # calibration 8 requests in 1 s -> 10 s per repetition wants 80, +10 % = 88 (whole waves of 4); each repetition
+    # draws its own prompts (a seeded server would otherwise replay one set of trajectories in every repetition)
+    assert seen == [(8, 7), (88, 8), (88, 9)]
     assert capsys.readouterr().out.count("counters reset: True") == 3, "reset before every run"
     row = results.read_repetitions(out, 2, config="x", concurrency=4, calibration_prompts=8)
     assert row["duration_s"] == pytest.approx(22.0) and row["error"] == ""
