@@ -67,6 +67,7 @@ def load_plugin() -> Dict[str, object]:
             scheduler_check,
             server_args,
             token_id_sampler_opt_in,
+            verify_coins_switch,
         )
 
         algorithm.register_algorithms()
@@ -78,6 +79,7 @@ def load_plugin() -> Dict[str, object]:
         token_id_sampler_opt_in.install_token_id_sampler_opt_in()
         batch_invariant_ops.install_batch_invariant_ops()
         attention_index_cache.install_attention_index_cache()
+        verify_coins_switch.verify_coins_kernel_wanted()  # refuse a bad value now, not at the first verify
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.

@@ -16,6 +16,7 @@
   servers; its tile follows M, its reduction over K does not. :mod:`.row_invariance` holds its self-check
   (``find_row_variance``, ``check_weight_rows``).
 * ``fused_add_rms_norm`` (:mod:`.rms_norm`): residual add + RMSNorm, one program per row.
+* :mod:`.seeded_verify_coins`: SGLang's seeded verify coins in one launch (imported from its module).
 * :mod:`.seeded_hot_draft_sample` and :mod:`.hot_chain_verify`: the draft draw and the chain rejection verify of a
   reduced-vocabulary ("hot token") draft, keyed by target id (imported from their modules).
 

@@ -69,6 +69,10 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # default SPLIT_K_TABLE gains or costs beside "detspec". Opt-in.
     BenchConfig("detspec_no_split_k", "DETSPEC_EAGLE, no GEMM split along K", "DETSPEC_EAGLE", False, True, False,
                 opt_in=True, env=(("SGLANG_DETSPEC_GEMM_SPLIT_K", "0"),)),
+    # DETSPEC_EAGLE with the verify's seeded coins in SGLang's torch ops (SGLANG_DETSPEC_VERIFY_COINS_KERNEL=0, issue
+    # 32): what the one-launch coins gain in the verify's eager sampling. Opt-in.
+    BenchConfig("detspec_torch_coins", "DETSPEC_EAGLE, verify coins in SGLang's torch ops", "DETSPEC_EAGLE", False,
+                True, False, opt_in=True, env=(("SGLANG_DETSPEC_VERIFY_COINS_KERNEL", "0"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
     # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
     BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",

@@ -22,7 +22,9 @@ unchanged (:func:`~sglang_detspec.integration.upstream_code.rebind`), with these
   min-p of each row's *own* request, ties by lower index, exact fixed-point masses, renormalised; rows without
   truncation returned bit for bit) to the target probabilities, then calls the upstream kernel on the result;
 * ``sampling_softmax`` (0.5.22+) -> ``torch.softmax(logits / T)``, which is what it computes on every device
-  but SM 10.3, and what 0.5.17 - 0.5.21 call directly.
+  but SM 10.3, and what 0.5.17 - 0.5.21 call directly;
+* ``_verify_coins`` -> the same seeded coins in one Triton launch on CUDA (:mod:`sglang_detspec.kernels.
+  seeded_verify_coins`; ``SGLANG_DETSPEC_VERIFY_COINS_KERNEL=0`` keeps SGLang's torch ops).
 
 A reduced-vocabulary ("hot token") draft (:mod:`sglang_detspec.stream.hot_vocab`; the spec worker enters
 :func:`reduced_draft_vocab` around its verify) hands ``eagle_sample`` q as ``[B, S, Vd]``, which upstream's width
@@ -61,6 +63,7 @@ import torch
 from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.integration.sampling.coupled_verify import coupled_chain_verify
 from sglang_detspec.integration.sampling.truncation import batch_truncates, truncate_request_rows
+from sglang_detspec.integration.setup.verify_coins_switch import verify_coins_kernel_wanted
 from sglang_detspec.integration.upstream_code import Site, reachable_names, rebind
 from sglang_detspec.stream.hot_vocab import HotVocab
 
@@ -225,6 +228,28 @@ def truncate_target_probs(site: VerifySite, target_probs: torch.Tensor) -> torch
     return truncated.view(bs, draft_tokens, vocab)
 
 
+VERIFY_COINS_NAME = "_verify_coins"
+
+
+def _one_launch_coins(original: Callable) -> Callable:
+    """``_verify_coins`` with SGLang's seeded coins from :func:`sglang_detspec.kernels.seeded_verify_coins` (the same
+    values, one launch instead of about seven: the verify samples outside every CUDA graph, so each launch is paid on
+    every decode step). Unseeded batches keep SGLang's function (``torch.rand``), and so do CPU tensors unless
+    Triton's interpreter runs the kernels (the CPU tests)."""
+    def verify_coins(*, sampling_info, seq_lens, draft_token_num, candidates, device):
+        from sglang_detspec.kernels.launch_checks import INTERPRETED
+
+        seed = sampling_info.sampling_seed
+        if seed is None or seq_lens.device != seed.device or not (seed.is_cuda or INTERPRETED):
+            return original(sampling_info=sampling_info, seq_lens=seq_lens, draft_token_num=draft_token_num,
+                            candidates=candidates, device=device)
+        from sglang_detspec.kernels.seeded_verify_coins import seeded_verify_coins
+
+        return seeded_verify_coins(seed, seq_lens, int(draft_token_num))
+
+    return verify_coins
+
+
 _EAGLE_SAMPLE_REPLACEMENTS = {
     **{name: _deferred_renorm for name in RENORM_NAMES},
     CHAIN_KERNEL_NAME: _truncate_then_chain,
@@ -258,7 +283,12 @@ def _rebound_eagle_sample() -> Callable:
     from sglang.srt.speculative import eagle_utils
 
     check_verify_rebinding(eagle_utils.eagle_sample)
-    return rebind(eagle_utils.eagle_sample, _EAGLE_SAMPLE_REPLACEMENTS, required=(CHAIN_KERNEL_NAME,))
+    replacements = dict(_EAGLE_SAMPLE_REPLACEMENTS)
+    required = (CHAIN_KERNEL_NAME,)
+    if verify_coins_kernel_wanted():  # read once: the first verify of the process fixes it
+        replacements[VERIFY_COINS_NAME] = _one_launch_coins
+        required += (VERIFY_COINS_NAME,)
+    return rebind(eagle_utils.eagle_sample, replacements, required=required)
 
 
 def detspec_eagle_sample(verify_input, batch, logits_output, *args, **kwargs):

@@ -331,6 +331,14 @@ REFUSALS: Dict[str, Refusal] = {
         "Use '1' / unset (build them once per forward, the default) or '0' (SGLang's per-layer build).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "verify_coins_kernel": Refusal(
+        "SGLANG_DETSPEC_VERIFY_COINS_KERNEL={value!r}",
+        "it chooses whether a DETSPEC verify draws its seeded coins in one Triton launch or in SGLang's torch ops (the "
+        "same values), and a typo read as a default would leave a benchmark measuring another configuration than it "
+        "names",
+        "Use '1' / unset (one launch, the default) or '0' (SGLang's torch ops).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
 }
 
 
