@@ -10,9 +10,10 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
   decode order (:mod:`..sampling.verify_attention`). The scheduler builds the target's backends first, then calls
   this, then captures every CUDA graph: the one moment that switch can be made.
 * ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
-  draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins need no
-  change: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
-  ``eagle_sample`` takes ``_seeded_verify_coins`` (identical in all) instead of ``torch.rand``.
+  draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins keep
+  SGLang's values: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
+  ``eagle_sample`` takes the seeded coins (identical in all) instead of ``torch.rand``, drawn in one launch by
+  :mod:`sglang_detspec.kernels.seeded_verify_coins` unless ``SGLANG_DETSPEC_VERIFY_COINS_KERNEL=0``.
 """
 
 from __future__ import annotations
