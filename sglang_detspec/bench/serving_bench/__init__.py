@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from sglang_detspec.bench.serving_bench import configs as _configs
 
@@ -91,7 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of throughput: profile N decode steps of each configuration at each concurrency "
                         "(CUDA graphs off unless --profile-graphs, SGLang's profiler) and write op_profile.md / .json, the GPU time per step "
                         "by op category and by GEMM weight shape; --output-len defaults to "
-                        f"max(2048, {PROFILE_TOKENS_PER_STEP} x N) there (default: 0, off)")
+                        f"max(2048, T + {PROFILE_TOKENS_PER_STEP} x N) there, T = --profile-after-tokens (default: 0, "
+                        "off)")
+    p.add_argument("--profile-after-tokens", type=int, default=None, metavar="T",
+                   help="with --profile-steps: arm the profiler once every request has generated T tokens, so every "
+                        "configuration is profiled at the same context (attention time grows with it; default: "
+                        "PROFILE_AFTER_TOKENS, 512)")
     p.add_argument("--profile-graphs", action="store_true",
                    help="with --profile-steps: keep CUDA graphs on, to see the host's ms per step in each annotated "
                         "phase and the GPU's idle time of replayed steps (no GEMM-by-weight table then: no op "
@@ -102,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 #: Profile mode's requests generate this many tokens per profiled step at least (``profile_runner`` checks it).
 PROFILE_TOKENS_PER_STEP = 32
+#: ``--profile-after-tokens``' default: a point is profiled once each request has generated this many tokens, so
+#: every configuration is profiled at the same context.
+PROFILE_AFTER_TOKENS = 512
 
 
 def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
@@ -114,8 +122,12 @@ def settings_from_args(args: argparse.Namespace) -> _configs.BenchSettings:
                          "Drop one of them")
     if getattr(args, "profile_graphs", False) and not steps:
         raise ValueError("--profile-graphs changes how --profile-steps profiles; give --profile-steps N too")
+    after = getattr(args, "profile_after_tokens", None)
+    if after is not None and not steps:
+        raise ValueError("--profile-after-tokens changes when --profile-steps profiles; give --profile-steps N too")
     if steps and args.output_len is None:
-        values["output_len"] = max(2048, PROFILE_TOKENS_PER_STEP * steps)
+        values["output_len"] = max(2048, (PROFILE_AFTER_TOKENS if after is None else after)
+                                   + PROFILE_TOKENS_PER_STEP * steps)
     for name in ("configs", "concurrencies", "prompts_per_concurrency", "input_len", "output_len", "temperature",
                  "seed", "breakdown_concurrency", "repetitions", "min_seconds"):
         if getattr(args, name) is not None:
@@ -162,7 +174,7 @@ def shape_from_args(args: argparse.Namespace):
 
 
 def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_steps: int = 0,
-                 profile_graphs: bool = False) -> str:
+                 profile_graphs: bool = False, profile_after_tokens: Optional[int] = None) -> str:
     import shlex
 
     from sglang_detspec.models.midsize_models import cache_dir_name
@@ -181,7 +193,9 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
     if profile_steps:
         lines.append(f"profile: at each concurrency {','.join(map(str, settings.concurrencies))}, that many "
                      f"/generate requests of {settings.input_len} random ids and {settings.output_len} new tokens, "
-                     f"then /start_profile for {profile_steps} decode batches (CPU + GPU, record_shapes; CUDA graphs "
+                     f"then, once each has generated "
+                     f"{PROFILE_AFTER_TOKENS if profile_after_tokens is None else profile_after_tokens} tokens, "
+                     f"/start_profile for {profile_steps} decode batches (CPU + GPU, record_shapes; CUDA graphs "
                      f"{'on' if profile_graphs else 'off'})")
         return "\n".join(lines)
     for conc in settings.concurrencies:
@@ -196,13 +210,15 @@ def dry_run_text(settings: _configs.BenchSettings, shape, out: Path, profile_ste
 def run(args: argparse.Namespace) -> int:
     settings, shape = settings_from_args(args), shape_from_args(args)
     if args.dry_run:
-        print(dry_run_text(settings, shape, args.out, args.profile_steps, args.profile_graphs))
+        print(dry_run_text(settings, shape, args.out, args.profile_steps, args.profile_graphs,
+                           args.profile_after_tokens))
         return 0
     if args.profile_steps:
         from sglang_detspec.bench.serving_bench.profile_runner import run_profile
 
         return run_profile(settings, args.out, models_dir=args.models_dir, shape=shape, steps=args.profile_steps,
-                           start_timeout=args.start_timeout, graphs=args.profile_graphs)
+                           start_timeout=args.start_timeout, graphs=args.profile_graphs,
+                           after_tokens=args.profile_after_tokens)
     from sglang_detspec.bench.serving_bench.runner import run_benchmark
 
     return run_benchmark(settings, args.out, models_dir=args.models_dir, shape=shape,

@@ -2,8 +2,9 @@
 
 For every configuration (one server at a time, CUDA graphs off so every kernel is launched by an op the trace
 records; ``--profile-graphs`` keeps them on, to see the host's share of a replayed step) and every concurrency
-``c``: ``c`` requests of ``--input-len`` random token ids and ``--output-len`` new tokens (``ignore_eos``) are sent
-at once; once they decode, SGLang's own profiler (``/start_profile`` with
+``c``: ``c`` streamed requests of ``--input-len`` random token ids and ``--output-len`` new tokens (``ignore_eos``)
+are sent at once; once each has generated ``--profile-after-tokens`` tokens (so every configuration is profiled at
+the same context, which attention time grows with), SGLang's own profiler (``/start_profile`` with
 ``profile_by_stage``: exactly ``N`` decode batches, CPU and GPU activities, ``record_shapes``) records ``N`` steps
 and writes a Chrome trace; :mod:`sglang_detspec.bench.op_profile` attributes its kernels to categories and the GEMMs
 to the pair's weight shapes; the rest of the requests is aborted.  A speculative step is one scheduler batch: the
@@ -34,7 +35,9 @@ from sglang_detspec.bench.serving_bench import configs as cfgs
 __all__ = ["run_profile", "check_profile_settings"]
 
 GRAPHS_OFF = ["--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"]
-_SETTLE_S = 2.0  # after sending: every request prefilled and decoding before the profile is asked for
+#: How long a point waits for its requests to reach ``--profile-after-tokens``: eager DETSPEC steps took up to 36 ms
+#: for ~2.6 tokens on an H100 (docs/results.md), so 0.1 s per token is ample.
+_WAIT_BASE_S, _WAIT_PER_TOKEN_S = 120.0, 0.1
 _TRACE_TIMEOUT_S = 180.0
 
 
@@ -43,28 +46,55 @@ def _log(msg: str) -> None:
 
 
 class _Traffic:
-    """``c`` concurrent ``/generate`` requests in threads; records when each one ended and how."""
+    """``c`` concurrent streamed ``/generate`` requests in threads; records how many tokens each one has generated,
+    and when and how it ended."""
 
     def __init__(self, base_url: str, c: int, settings: cfgs.BenchSettings, vocab: int, seed: int):
         rng = random.Random(seed)
+        self.generated: List[int] = [0] * c
         self.ended: List[Optional[float]] = [None] * c
         self.errors: List[str] = []
         self.threads = []
         for i in range(c):
             body = {"input_ids": [rng.randrange(16, vocab) for _ in range(settings.input_len)],
                     "sampling_params": {"temperature": settings.temperature, "max_new_tokens": settings.output_len,
-                                        "ignore_eos": True}}
+                                        "ignore_eos": True},
+                    "stream": True}
             t = threading.Thread(target=self._one, args=(base_url, body, i), daemon=True)
             self.threads.append(t)
         for t in self.threads:
             t.start()
 
     def _one(self, base_url: str, body: dict, i: int) -> None:
+        req = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
         try:
-            server_process.post_json(base_url, "/generate", body, timeout=3600)
+            with urllib.request.urlopen(req, timeout=3600) as r:
+                for raw in r:  # server-sent events: "data: {...}" lines, each chunk's meta_info counts the tokens
+                    line = raw.decode(errors="replace").strip()
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        meta = json.loads(line[len("data:"):]).get("meta_info") or {}
+                        self.generated[i] = max(self.generated[i], int(meta.get("completion_tokens") or 0))
         except Exception as e:  # an aborted request answers with an error: recorded, judged by the caller
             self.errors.append(f"{type(e).__name__}: {str(e)[:200]}")
         self.ended[i] = time.time()
+
+    def wait_generated(self, tokens: int, timeout: float) -> List[int]:
+        """Block until every request has generated ``tokens`` tokens; returns the counts then. Raises RuntimeError if
+        a request ends first or ``timeout`` passes."""
+        deadline = time.time() + timeout
+        while True:
+            ended = [i for i, e in enumerate(self.ended) if e is not None]  # read before the counts: theirs are final
+            counts = list(self.generated)
+            if ended:  # the profiled batch would be smaller than c
+                raise RuntimeError(f"request {ended[0]} ended after {counts[ended[0]]} tokens, before every request "
+                                   f"had the {tokens} the profile waits for ({'; '.join(self.errors) or 'no error'})")
+            if min(counts) >= tokens:
+                return counts
+            if time.time() > deadline:
+                raise RuntimeError(f"the requests had generated {min(counts)} - {max(counts)} tokens after "
+                                   f"{timeout:.0f} s, not the {tokens} the profile waits for")
+            time.sleep(0.05)
 
     def finished_before(self, t: float) -> int:
         return sum(1 for e in self.ended if e is not None and e <= t)
@@ -114,10 +144,12 @@ def _wait_trace(directory: Path, profile_id: str, server: server_process.Server)
 
 
 def _profile_point(server, name: str, c: int, steps: int, settings, vocab: int, traces: Path,
-                   shape_names) -> dict:
+                   shape_names, after_tokens: int) -> dict:
     profile_id = f"{name}-c{c}"
     traffic = _Traffic(server.base_url, c, settings, vocab, seed=settings.seed + c)
-    time.sleep(_SETTLE_S)
+    # Every configuration is profiled at the same context: attention time grows with it, and a faster server would
+    # otherwise be profiled further into its requests.
+    generated = traffic.wait_generated(after_tokens, timeout=_WAIT_BASE_S + _WAIT_PER_TOKEN_S * after_tokens)
     _post(server.base_url, "/start_profile", {
         "output_dir": str(traces), "num_steps": steps, "activities": ["CPU", "GPU"], "record_shapes": True,
         "with_stack": False, "profile_by_stage": True, "profile_id": profile_id})
@@ -134,31 +166,41 @@ def _profile_point(server, name: str, c: int, steps: int, settings, vocab: int, 
         return {"error": f"{done_early} of {c} requests ended before the trace was written (the profiled batch "
                          f"shrank): raise --output-len", "trace": str(trace_path)}
     summary = op_profile.attribute(op_profile.read_trace(trace_path), steps, shape_names)
-    summary.update({"trace": str(trace_path), "concurrency": c})
+    summary.update({"trace": str(trace_path), "concurrency": c,
+                    "context_when_armed": [settings.input_len + min(generated), settings.input_len + max(generated)]})
     _log(f"{profile_id}: {summary['kernel_ms']:.3f} ms of kernels per step (window {summary['window_ms']:.3f} ms), "
          f"GEMM {summary['categories']['gemm']:.3f} ms")
     return summary
 
 
-def check_profile_settings(settings: cfgs.BenchSettings, steps: int) -> None:
-    """Refuse settings whose requests would end while profiled: ``--output-len`` must give every profiled step
+def check_profile_settings(settings: cfgs.BenchSettings, steps: int, after_tokens: Optional[int] = None) -> None:
+    """Refuse settings whose requests would end while profiled: ``--output-len`` must hold the ``after_tokens`` the
+    profile waits for and then give every profiled step
     :data:`~sglang_detspec.bench.serving_bench.PROFILE_TOKENS_PER_STEP` tokens (up to 4 tokens a speculative step;
-    the profiler starts only after the requests are admitted and the trace is written after the steps)."""
-    from sglang_detspec.bench.serving_bench import PROFILE_TOKENS_PER_STEP
+    the trace is written after the steps)."""
+    from sglang_detspec.bench.serving_bench import PROFILE_AFTER_TOKENS, PROFILE_TOKENS_PER_STEP
 
+    after_tokens = PROFILE_AFTER_TOKENS if after_tokens is None else after_tokens
     if steps < 1:
         raise ValueError(f"--profile-steps must be >= 1, got {steps}")
-    need = steps * PROFILE_TOKENS_PER_STEP
+    if after_tokens < 1:
+        raise ValueError(f"--profile-after-tokens must be >= 1, got {after_tokens}")
+    need = after_tokens + steps * PROFILE_TOKENS_PER_STEP
     if settings.output_len < need:
-        raise ValueError(f"--output-len {settings.output_len} is too short to profile {steps} decode steps: the "
-                         f"requests would end while profiled; pass --output-len {need} or more")
+        raise ValueError(f"--output-len {settings.output_len} is too short to profile {steps} decode steps after "
+                         f"{after_tokens} tokens: the requests would end while profiled; pass --output-len {need} or "
+                         "more (or a smaller --profile-after-tokens)")
 
 
 def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional[Path], shape, steps: int,
-                start_timeout: float = 420.0, graphs: bool = False) -> int:
-    """Profile every configuration of ``settings`` at every concurrency (module docstring); the exit code is 0 when
+                start_timeout: float = 420.0, graphs: bool = False, after_tokens: Optional[int] = None) -> int:
+    """Profile every configuration of ``settings`` at every concurrency (module docstring), each point once its
+    requests have generated ``after_tokens`` tokens (default :data:`..PROFILE_AFTER_TOKENS`); the exit code is 0 when
     every point was profiled, 1 when some failed, 2 when nothing could run."""
-    check_profile_settings(settings, steps)
+    from sglang_detspec.bench.serving_bench import PROFILE_AFTER_TOKENS
+
+    after_tokens = PROFILE_AFTER_TOKENS if after_tokens is None else after_tokens
+    check_profile_settings(settings, steps, after_tokens)
     reason = server_process.launch_skip_reason()
     if reason:
         _log(reason)
@@ -182,7 +224,8 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
     except ImportError:
         bar = None
     try:
-        _profile_configs(settings, out, traces, pair, shape, steps, shape_names, start_timeout, points, bar, graphs)
+        _profile_configs(settings, out, traces, pair, shape, steps, shape_names, start_timeout, points, bar, graphs,
+                         after_tokens)
     except KeyboardInterrupt:  # timeout -s INT: keep what was measured
         _log("interrupted: the report below holds the points profiled so far")
         _report(out, settings, shape, steps, points, graphs=graphs)
@@ -194,7 +237,7 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
 
 
 def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int, shape_names, start_timeout: float,
-                     points: Dict[str, Dict[int, dict]], bar, graphs: bool = False) -> None:
+                     points: Dict[str, Dict[int, dict]], bar, graphs: bool = False, after_tokens: int = 1) -> None:
     """One server per configuration, in turn, every concurrency on it; the report is rewritten after each
     configuration, so a run stopped part-way leaves its finished points on disk."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -212,7 +255,7 @@ def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int,
             for c in settings.concurrencies:
                 try:
                     points[name][c] = _profile_point(server, name, c, steps, settings, shape.vocab, traces,
-                                                     shape_names)
+                                                     shape_names, after_tokens)
                 except (RuntimeError, ValueError, OSError, server_process.HTTPStatusError) as e:
                     points[name][c] = {"error": str(e).splitlines()[0][:400]}
                     _log(f"{name} c={c}: {points[name][c]['error']}")
@@ -243,6 +286,11 @@ def _report(out: Path, settings, shape, steps: int, points: Dict[str, Dict[int, 
     for c in settings.concurrencies:
         per_config = {n: points[n].get(c) for n in settings.configs if n in points}
         sections.append(op_profile.format_category_table(per_config, title=f"\n## Concurrency {c}: by category\n"))
+        contexts = [f"{n} {p['context_when_armed'][0]} - {p['context_when_armed'][1]}"
+                    for n, p in per_config.items() if p and "context_when_armed" in p]
+        if contexts:
+            sections.append(f"\nContext of the requests (prompt + generated tokens) when the profile was armed: "
+                            f"{'; '.join(contexts)}.")
         sections.append(op_profile.format_gemm_table(per_config, title=f"\n## Concurrency {c}: GEMM by weight\n"))
         sections.append(op_profile.format_phase_table(per_config, title=f"\n## Concurrency {c}: host phases\n"))
         errors = [f"- {n}: {p['error']}" for n, p in per_config.items() if p and "error" in p]

@@ -10,6 +10,7 @@ import argparse
 import gzip
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,13 @@ def test_profile_mode_gives_the_requests_room_for_the_steps():
     serving_bench, args = _bench_serve_args(["--profile-steps", "20"])
     assert serving_bench.settings_from_args(args).output_len == 2048
     serving_bench, args = _bench_serve_args(["--profile-steps", "100"])
-    assert serving_bench.settings_from_args(args).output_len == 100 * serving_bench.PROFILE_TOKENS_PER_STEP
+    assert serving_bench.settings_from_args(args).output_len == (serving_bench.PROFILE_AFTER_TOKENS
+                                                                 + 100 * serving_bench.PROFILE_TOKENS_PER_STEP)
+    serving_bench, args = _bench_serve_args(["--profile-steps", "20", "--profile-after-tokens", "3000"])
+    assert serving_bench.settings_from_args(args).output_len == 3000 + 20 * serving_bench.PROFILE_TOKENS_PER_STEP
+    serving_bench, args = _bench_serve_args(["--profile-after-tokens", "64"])
+    with pytest.raises(ValueError, match="give --profile-steps N too"):
+        serving_bench.settings_from_args(args)
     serving_bench, args = _bench_serve_args(["--profile-steps", "-1"])
     with pytest.raises(ValueError, match="--profile-steps must be >= 0"):
         serving_bench.settings_from_args(args)
@@ -172,9 +179,13 @@ def test_an_output_length_too_short_for_the_profile_is_refused_naming_the_fix():
 
     serving_bench, args = _bench_serve_args(["--profile-steps", "20", "--output-len", "128"])
     settings = serving_bench.settings_from_args(args)
-    with pytest.raises(ValueError, match="pass --output-len 640 or more"):
-        check_profile_settings(settings, 20)
-    check_profile_settings(settings, 4)  # 128 tokens are enough for 4 steps
+    with pytest.raises(ValueError, match="after 512 tokens.*pass --output-len 1152 or more"):
+        check_profile_settings(settings, 20)  # the default 512 tokens before the profile, then 20 x 32
+    with pytest.raises(ValueError, match="pass --output-len 129 or more"):
+        check_profile_settings(settings, 4, after_tokens=1)
+    check_profile_settings(settings, 3, after_tokens=32)  # 128 tokens are enough for 32, then 3 steps
+    with pytest.raises(ValueError, match="--profile-after-tokens must be >= 1"):
+        check_profile_settings(settings, 3, after_tokens=0)
 
 
 def test_the_profile_script_adds_its_defaults_but_keeps_the_users_flags():
@@ -199,6 +210,7 @@ def test_the_profile_dry_run_prints_graphs_off_servers_and_the_profile(capsys):
     servers = [line for line in text.splitlines() if line.startswith("server ")]
     assert len(servers) == 2 and all("--cuda-graph-backend-decode disabled" in line for line in servers)
     assert "DETSPEC_EAGLE" in servers[1] and "/start_profile for 5 decode batches" in text
+    assert "once each has generated 512 tokens" in text
     assert "sglang.bench_serving" not in text  # no throughput client in profile mode
 
 
@@ -325,3 +337,83 @@ def test_a_graphs_on_profile_starts_servers_with_graphs_and_says_so(tmp_path, mo
     report = (tmp_path / "op_profile.md").read_text()
     assert "CUDA graphs on" in report and "| draft | 3.000 |" in report
     assert json.loads((tmp_path / "op_profile.json").read_text())["graphs"] == "on"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The profile starts at a fixed context: streamed requests counted until each has generated the tokens asked for
+
+
+class _StreamingGenerate:
+    """A local HTTP server whose ``/generate`` streams ``chunks`` server-sent events, each ``meta_info`` counting one
+    more token, ``pause`` seconds apart (then ``[DONE]``); records the bodies it got."""
+
+    def __init__(self, chunks: int, pause: float):
+        import http.server
+        import threading
+
+        outer = self
+        self.bodies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for n in range(1, chunks + 1):
+                    chunk = {"text": "x" * n, "meta_info": {"completion_tokens": n, "prompt_tokens": 3}}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(pause)
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _traffic(url, c):
+    from sglang_detspec.bench.serving_bench import configs as cfgs
+    from sglang_detspec.bench.serving_bench.profile_runner import _Traffic
+
+    return _Traffic(url, c, cfgs.BenchSettings(input_len=3, output_len=40), vocab=100, seed=0)
+
+
+def test_the_profile_waits_until_every_request_has_generated_the_tokens():
+    server = _StreamingGenerate(chunks=40, pause=0.02)
+    try:
+        traffic = _traffic(server.url, 3)
+        counts = traffic.wait_generated(20, timeout=30)
+        assert min(counts) >= 20 and max(counts) < 40, counts  # armed while every request still decodes
+        traffic.join(30)
+        assert traffic.generated == [40, 40, 40] and not traffic.errors
+        assert all(body["stream"] is True and len(body["input_ids"]) == 3 for body in server.bodies)
+    finally:
+        server.close()
+
+
+def test_a_request_that_ends_before_the_context_is_an_error_naming_both_counts():
+    server = _StreamingGenerate(chunks=5, pause=0.0)
+    try:
+        traffic = _traffic(server.url, 2)
+        with pytest.raises(RuntimeError, match=r"request \d ended after 5 tokens, before every request had the 20"):
+            traffic.wait_generated(20, timeout=30)
+    finally:
+        server.close()
+
+
+def test_the_wait_gives_up_after_its_timeout():
+    server = _StreamingGenerate(chunks=40, pause=0.2)
+    try:
+        traffic = _traffic(server.url, 1)
+        with pytest.raises(RuntimeError, match="not the 30 the profile waits for"):
+            traffic.wait_generated(30, timeout=0.5)
+    finally:
+        server.close()
