@@ -61,6 +61,7 @@ def load_plugin() -> Dict[str, object]:
             algorithm,
             attention_index_cache,
             batch_invariant_ops,
+            decode_order_verify_switch,
             parallel_sampling,
             request_validation,
             retraction,
@@ -80,6 +81,7 @@ def load_plugin() -> Dict[str, object]:
         batch_invariant_ops.install_batch_invariant_ops()
         attention_index_cache.install_attention_index_cache()
         verify_coins_switch.verify_coins_kernel_wanted()  # refuse a bad value now, not at the first verify
+        decode_order_verify_switch.decode_order_verify_wanted()  # likewise, not when the spec worker starts
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.

@@ -237,6 +237,9 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_no_attn_cache_graph", detspec + ["--chat-template", "chatml"],
                    env={ATTN_INDEX_CACHE_ENV: "0"}),
         ServerSpec("detspec_eagle_no_attn_cache_nograph", detspec + GRAPHS_OFF, env={ATTN_INDEX_CACHE_ENV: "0"}),
+        # The target's verify attention in the decode kernel's order (test_e2e_decode_order_verify).
+        ServerSpec("detspec_eagle_decode_verify_graph", detspec, env={DECODE_ORDER_VERIFY_ENV: "1"}),
+        ServerSpec("detspec_eagle_decode_verify_nograph", detspec + GRAPHS_OFF, env={DECODE_ORDER_VERIFY_ENV: "1"}),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -276,6 +279,8 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
 
 #: The switch (on by default) that builds the deterministic Triton attention's unified KV indices once per forward.
 ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
+#: The opt-in that runs DETSPEC_EAGLE's verify attention in the decode kernel's order.
+DECODE_ORDER_VERIFY_ENV = "SGLANG_DETSPEC_DECODE_ORDER_VERIFY"
 FAST_INVARIANT_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 
 #: The opt-in switch that keys a NON-speculative deterministic server's seeded sampler by token id, as DETSPEC

@@ -47,7 +47,12 @@ than the probe next to fillers.
 Cost
 ----
 Each verify row reads its prefix once, so the verify attention reads the prefix ``steps + 1`` times instead of
-once, and each captured verify graph size holds the row index stream above. That cost falls only on the invariant algorithms; ``DETSPEC_EAGLE`` keeps upstream's verify.
+once, and each captured verify graph size holds the row index stream above. In exchange the keys are split into
+tiles that run side by side: upstream's one-stage extend kernel runs one program per (request, head, query block),
+each walking the whole prefix, 16 programs at batch 1 on the mid-size pair, and took 2.00 ms of a replayed
+DETSPEC_EAGLE step on an H100 at ~1,500 tokens of context (docs/results.md, 2026-12-07, second run).
+``DETSPEC_EAGLE`` keeps upstream's verify unless ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1``
+(:mod:`..setup.decode_order_verify_switch`), which this module then serves the same way.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import types
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import torch
 
@@ -63,7 +68,9 @@ from sglang_detspec.integration import compat
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DecodeRows", "build_decode_rows", "install_decode_order_verify", "verify_backends"]
+__all__ = [
+    "INVARIANT_REQUEST", "DecodeRows", "build_decode_rows", "install_decode_order_verify", "verify_backends",
+]
 
 #: Attribute on a patched backend instance: the rows of the forward now running.
 _ROWS_ATTR = "_detspec_decode_rows"
@@ -80,10 +87,15 @@ class DecodeRows:
     last_layer_id: int
 
 
-def _refusal(why: str, fix: str) -> RuntimeError:
+#: (what asks for the decode-order verify, the way out a refusal names) for the invariant algorithms.
+INVARIANT_REQUEST = ("--speculative-algorithm DETSPEC_EAGLE_INVARIANT / DETSPEC_EAGLE3_INVARIANT",
+                     "use --speculative-algorithm DETSPEC_EAGLE")
+
+
+def _refusal(why: str, fix: str, request: Tuple[str, str]) -> RuntimeError:
+    who, way_out = request
     return RuntimeError(
-        "--speculative-algorithm DETSPEC_EAGLE_INVARIANT / DETSPEC_EAGLE3_INVARIANT cannot run its verify in the "
-        f"decode kernel's order: {why}. {fix}"
+        f"{who} cannot run its verify in the decode kernel's order: {why}. {fix.format(way_out=way_out)}"
     )
 
 
@@ -98,7 +110,7 @@ def verify_backends(model_runner: Any) -> List[Any]:
     return found
 
 
-def _check_backend(backend: Any) -> None:
+def _check_backend(backend: Any, request: Tuple[str, str]) -> None:
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     if not isinstance(backend, TritonAttnBackend):
@@ -107,24 +119,29 @@ def _check_backend(backend: Any) -> None:
             "identical to its decode",
             "Pass --attention-backend triton (and no --prefill-attention-backend / --decode-attention-backend, "
             "--enable-two-batch-overlap or --enable-pdmux).",
+            request,
         )
     if not getattr(backend, "enable_deterministic", False) or getattr(backend, "split_tile_size", None) is None:
         raise _refusal(
             "the Triton backend is not in deterministic mode (no fixed split-KV tile), so decode rows depend on the "
             "batch",
             "Pass --enable-deterministic-inference.",
+            request,
         )
     if (getattr(backend, "sliding_window_size", None) or 0) > 0:
         raise _refusal(
             "the model has sliding-window layers, whose decode windows the verify rows do not rebuild yet",
-            "Use a model without sliding-window attention, or --speculative-algorithm DETSPEC_EAGLE.",
+            "Use a model without sliding-window attention, or {way_out}.",
+            request,
         )
     if getattr(backend, "dcp_size", 1) != 1:
-        raise _refusal("decode context parallelism shards the keys per rank", "Drop --dcp-size (or set it to 1).")
+        raise _refusal("decode context parallelism shards the keys per rank", "Drop --dcp-size (or set it to 1).",
+                       request)
     if compat.attention_reads_translated(backend):
         raise _refusal(
             "the KV pool translates cache locations (unified pool), which the verify rows do not apply",
-            "Use --speculative-algorithm DETSPEC_EAGLE with this KV pool.",
+            "With this KV pool, {way_out}.",
+            request,
         )
 
 
@@ -216,8 +233,8 @@ def _decode_order_forward_extend(self: Any, q, k, v, layer, forward_batch, save_
     if k is None or v is None:
         raise RuntimeError(
             "sglang-detspec: this model's verify reads keys and values it did not compute (cross-layer KV "
-            "sharing), which the decode-order verify of DETSPEC_*_INVARIANT does not support; use "
-            "--speculative-algorithm DETSPEC_EAGLE"
+            "sharing), which the decode-order verify (DETSPEC_*_INVARIANT, or SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1) "
+            "does not support; use --speculative-algorithm DETSPEC_EAGLE without that variable"
         )
     rows = _rows_for(self, layer, forward_batch, q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim).shape[0])
     verify_metadata = self.forward_metadata
@@ -228,12 +245,12 @@ def _decode_order_forward_extend(self: Any, q, k, v, layer, forward_batch, save_
         self.forward_metadata = verify_metadata
 
 
-def install_decode_order_verify(model_runner: Any) -> List[Any]:
+def install_decode_order_verify(model_runner: Any, request: Tuple[str, str] = INVARIANT_REQUEST) -> List[Any]:
     """Make every verify forward of ``model_runner`` use the decode kernel's order; return the patched backends.
 
     Call it after the target's attention backends exist and before its CUDA graphs are captured. Idempotent.
-    Refuses (``RuntimeError`` naming the flag) a backend whose verify it cannot make identical to decode, rather
-    than serving tokens that would silently differ from a non-speculative server's.
+    Refuses (``RuntimeError`` naming ``request``: what asked for it, and the way out) a backend whose verify it
+    cannot make identical to decode, rather than serving other numbers than the ones asked for.
     """
     backends = verify_backends(model_runner)
     if not backends:
@@ -242,13 +259,13 @@ def install_decode_order_verify(model_runner: Any) -> List[Any]:
             "installed after init_attention_backends (sglang-detspec needs updating for this SGLang version)"
         )
     for backend in backends:
-        _check_backend(backend)
+        _check_backend(backend, request)
     for backend in backends:
         if _PATCHED_ATTR not in backend.__dict__:
             backend.__dict__[_PATCHED_ATTR] = backend.forward_extend
             backend.forward_extend = types.MethodType(_decode_order_forward_extend, backend)
     logger.info(
-        "sglang-detspec: the invariant verify runs its attention in the decode kernel's order on %d Triton "
-        "backend(s) (split tile %s)", len(backends), backends[0].split_tile_size,
+        "sglang-detspec: the verify runs its attention in the decode kernel's order on %d Triton backend(s) (split "
+        "tile %s; asked for by %s)", len(backends), backends[0].split_tile_size, request[0],
     )
     return backends

@@ -339,6 +339,14 @@ REFUSALS: Dict[str, Refusal] = {
         "Use '1' / unset (one launch, the default) or '0' (SGLang's torch ops).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "decode_order_verify": Refusal(
+        "SGLANG_DETSPEC_DECODE_ORDER_VERIFY={value!r}",
+        "it chooses whether a DETSPEC_EAGLE verify runs its attention in the decode kernel's order or in SGLang's "
+        "one-stage extend kernel (other numbers, so other tokens for a seed), and a typo read as a default would "
+        "serve another configuration than the environment names",
+        "Use '1' (the decode kernel's order) or '0' / unset (SGLang's extend kernel, the default).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
 }
 
 

@@ -6,8 +6,9 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
   with the DETSPEC draft worker in place of upstream's (the module's :class:`~..upstream_code.ReboundMethods` table
   resolves the draft worker's module-global name to ours), then finishes the worker: the token-id-keyed target
   sampler, the class checks and every rebound body built now, so a renamed upstream name fails the launch.
-* ``init_attention_backends``: upstream's, then -- under the coupled scheme -- the target's verify attention in
-  decode order (:mod:`..sampling.verify_attention`). The scheduler builds the target's backends first, then calls
+* ``init_attention_backends``: upstream's, then -- under the coupled scheme, or with
+  ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1`` -- the target's verify attention in decode order
+  (:mod:`..sampling.verify_attention`). The scheduler builds the target's backends first, then calls
   this, then captures every CUDA graph: the one moment that switch can be made.
 * ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
   draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins keep
@@ -21,10 +22,17 @@ from __future__ import annotations
 from sglang_detspec.integration.sampling import scheme
 from sglang_detspec.integration.sampling.verify import rebound_verify, reduced_draft_vocab
 from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
+from sglang_detspec.integration.setup.decode_order_verify_switch import (
+    DECODE_ORDER_VERIFY_ENV,
+    decode_order_verify_wanted,
+)
 from sglang_detspec.integration.upstream_code import ReboundMethods
 from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = ["DetspecSpecWorker"]
+
+#: Who asks for the decode-order verify when the scheme is rejection sampling (named in its refusals).
+DECODE_ORDER_VERIFY_REQUEST = (f"{DECODE_ORDER_VERIFY_ENV}=1", f"unset {DECODE_ORDER_VERIFY_ENV}")
 
 
 class DetspecSpecWorker:
@@ -55,6 +63,8 @@ class DetspecSpecWorker:
         super().init_attention_backends()
         if scheme.current() == scheme.COUPLED:
             install_decode_order_verify(self.target_worker.model_runner)
+        elif decode_order_verify_wanted():
+            install_decode_order_verify(self.target_worker.model_runner, request=DECODE_ORDER_VERIFY_REQUEST)
 
     def verify(self, *args, **kwargs):
         # A reduced-vocabulary draft's q is read through its hot map (None for the multi-layer worker, which has none).

@@ -232,3 +232,59 @@ def test_refuses_a_non_triton_backend():
     runner = types.SimpleNamespace(attn_backend=object(), decode_attn_backend=None, decode_attn_backend_group=[])
     with pytest.raises(RuntimeError, match="--attention-backend triton"):
         verify_attention.install_decode_order_verify(runner)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DETSPEC_EAGLE's opt-in (SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1): the spec worker installs the same verify
+
+
+def _spec_worker(backend):
+    """A DETSPEC spec worker over a stand-in upstream whose ``init_attention_backends`` only records the call."""
+    from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
+
+    class Upstream:
+        def init_attention_backends(self):
+            self.upstream_ran = True
+
+    class Worker(DetspecSpecWorker, Upstream):
+        pass
+
+    worker = object.__new__(Worker)
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
+    worker.target_worker = types.SimpleNamespace(model_runner=runner)
+    return worker
+
+
+@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", False)])
+def test_detspec_eagle_installs_the_decode_order_verify_only_when_asked(scene, monkeypatch, value, installed):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", value)
+    backend = _backend(scene["pool"], scene["req_to_token"])
+    worker = _spec_worker(backend)
+    with scheme.selected(scheme.REJECTION):
+        worker.init_attention_backends()
+    assert worker.upstream_ran
+    assert ("forward_extend" in backend.__dict__) is installed
+
+
+def test_the_opt_in_refusals_name_the_variable_not_the_invariant_algorithm(scene, monkeypatch):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", "1")
+    backend = _backend(scene["pool"], scene["req_to_token"])
+    backend.__dict__.update(sliding_window_size=4)
+    with scheme.selected(scheme.REJECTION), pytest.raises(RuntimeError) as refused:
+        _spec_worker(backend).init_attention_backends()
+    message = str(refused.value)
+    assert message.startswith("SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1 cannot run its verify in the decode kernel's order")
+    assert "or unset SGLANG_DETSPEC_DECODE_ORDER_VERIFY." in message and "INVARIANT" not in message
+
+
+def test_the_opt_in_switch_is_strict():
+    from sglang_detspec.integration.setup.decode_order_verify_switch import decode_order_verify_wanted
+
+    assert decode_order_verify_wanted({}) is False
+    assert decode_order_verify_wanted({"SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"}) is True
+    with pytest.raises(Exception, match="SGLANG_DETSPEC_DECODE_ORDER_VERIFY='yes'.*Use '1'"):
+        decode_order_verify_wanted({"SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "yes"})

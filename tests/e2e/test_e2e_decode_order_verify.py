@@ -1,0 +1,60 @@
+"""End to end: DETSPEC_EAGLE with its verify attention in the decode kernel's order
+(``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1``, issue 32) still gives one output per seed.
+
+The opt-in replaces SGLang's one-stage extend kernel in every TARGET_VERIFY forward with the split-KV decode kernel,
+one decode row per verified token (integration/sampling/verify_attention.py, the invariant mode's verify). Those
+rows depend only on the request's own length, so the probe must give one output under every traffic profile of
+``sglang-detspec check``, with CUDA graphs on and off, and the same tokens on both. Each server's log must say the
+decode-order verify was installed at its request, and the default DETSPEC_EAGLE server's log must not (the control:
+without it a log line that every server printed would pass the first check). Its speed is measured by ``bench-serve
+--configs eagle_rs,detspec,detspec_decode_verify``.
+"""
+
+import pytest
+
+import e2e_checks as ec
+import e2e_harness as h
+from e2e_harness import register_cuda_ci
+
+register_cuda_ci(est_time=300, suite="detspec-e2e")
+
+SEED = 1234
+TRIALS = 12
+DECODE_ORDER = ("detspec_eagle_decode_verify_graph", "detspec_eagle_decode_verify_nograph")
+DEFAULT = "detspec_eagle_graph"
+INSTALLED = "the verify runs its attention in the decode kernel's order"
+ASKED_BY = "asked for by SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1"
+
+pytestmark = h.module_marks(*DECODE_ORDER, DEFAULT)
+
+
+@pytest.fixture(scope="module")
+def checks(e2e_pool):
+    servers = {name: e2e_pool.ready(name) for name in DECODE_ORDER}
+    return ec.run_checks(servers, {name: "all" for name in servers}, trials=TRIALS, seed=SEED)
+
+
+@pytest.mark.parametrize("name", DECODE_ORDER)
+def test_one_output_under_every_profile(checks, name):
+    r = checks[name]
+    assert r["returncode"] == 0, r["stdout"] + r["stderr"]
+    ec.assert_one_output_per_profile(r, profiles=ec.ALL_PROFILES)
+
+
+def test_graphs_on_and_off_give_the_same_tokens(checks):
+    first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in DECODE_ORDER}
+    assert len(set(first.values())) == 1, first
+
+
+@pytest.mark.parametrize("name", DECODE_ORDER)
+def test_the_log_says_the_decode_order_verify_was_installed(checks, e2e_pool, name):
+    log = e2e_pool.get(name).log_text()
+    assert INSTALLED in log and ASKED_BY in log
+
+
+def test_the_default_server_keeps_sglangs_verify_attention(e2e_pool):
+    assert INSTALLED not in e2e_pool.ready(DEFAULT).log_text()
+
+
+if __name__ == "__main__":
+    h.run_module(__file__)
