@@ -36,9 +36,9 @@ def test_the_needles_are_what_the_install_logs(monkeypatch, caplog):
 
 def test_the_servers_are_the_plain_ones_with_the_switch(monkeypatch):
     pytest.importorskip("sglang")
-    import e2e_harness as h
-
     from sglang_detspec.integration.setup.decode_order_verify_switch import DECODE_ORDER_VERIFY_ENV
+
+    import e2e_harness as h
 
     assert h.DECODE_ORDER_VERIFY_ENV == DECODE_ORDER_VERIFY_ENV
     specs = session_specs(h, monkeypatch)
