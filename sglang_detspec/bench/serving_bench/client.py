@@ -12,11 +12,12 @@ reported and the next one still runs.
 An entry with ``"repetitions": R`` (and ``"min_seconds"``, ``"concurrency"``, ``"output_file"``) is a measured point:
 its argv runs once as a calibration (warm-up included, discarded by the reader), then R more times with
 ``--num-prompts`` sized from the calibration's duration (:func:`..configs.repetition_prompts`) so that the R runs
-together last at least ``min_seconds``, repetition r with ``--seed`` :func:`..configs.round_seed` (a new prompt set). ``output_file`` then holds 1 + R lines; the last R are the measurement.
+together last at least ``min_seconds``, repetition r with ``--seed`` :func:`..configs.round_seed` (a new prompt
+set). ``output_file`` then holds 1 + R lines; the last R are the measurement.
 ``--order interleaved`` splits a point in two kinds of entry: one with ``"calibrate": POINT`` (the point's fields)
 runs only the calibration and remembers the size it gives under the name POINT; one with ``"sized_by": POINT``
-(``argv``, ``reset_url``, ``round``) is repetition ``round`` with that size, so the runner can list the repetitions of every
-point in rounds. A ``sized_by`` entry whose calibration failed is skipped and counted as failed.
+(``argv``, ``reset_url``, ``round``) is repetition ``round`` with that size, so the runner can list the repetitions
+of every point in rounds. A ``sized_by`` entry whose calibration failed is skipped and counted as failed.
 
 ``bench_serving`` imports every dataset module at start-up, some with dependencies only they use (HF ``datasets``
 for MMMU, ``PIL`` for images) that a serving machine may lack; the benchmark uses ``random-ids`` alone, so a dataset

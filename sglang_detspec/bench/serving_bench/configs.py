@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 __all__ = ["BenchConfig", "CONFIGS", "DEFAULT_CONFIGS", "DETSPEC", "BenchSettings", "QUICK", "config_by_name",
-           "parse_configs", "parse_concurrencies", "num_prompts", "mem_fraction", "repetition_prompts", "round_seed", "server_args",
-           "bench_serving_command", "estimate_seconds", "ORDERS", "round_order", "order_description"]
+           "parse_configs", "parse_concurrencies", "num_prompts", "mem_fraction", "repetition_prompts", "round_seed",
+           "server_args", "bench_serving_command", "estimate_seconds", "ORDERS", "round_order", "order_description"]
 
 SPEC_SHAPE = ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 

@@ -143,24 +143,33 @@ def _wait_trace(directory: Path, profile_id: str, server: server_process.Server)
                        f"s (see {server.log_path})")
 
 
+def _end_traffic(server, traffic: _Traffic, profile_id: str, settings) -> None:
+    """Abort a point's requests and wait for them, freeing the batch for the next point."""
+    try:
+        _post(server.base_url, "/abort_request", {"abort_all": True})
+    except (OSError, server_process.HTTPStatusError) as e:
+        _log(f"{profile_id}: /abort_request failed ({e}); waiting for the requests to end")
+    traffic.join(max(120.0, settings.output_len * 0.05))
+
+
 def _profile_point(server, name: str, c: int, steps: int, settings, vocab: int, traces: Path,
                    shape_names, after_tokens: int) -> dict:
     profile_id = f"{name}-c{c}"
     traffic = _Traffic(server.base_url, c, settings, vocab, seed=settings.seed + c)
     # Every configuration is profiled at the same context: attention time grows with it, and a faster server would
     # otherwise be profiled further into its requests.
-    generated = traffic.wait_generated(after_tokens, timeout=_WAIT_BASE_S + _WAIT_PER_TOKEN_S * after_tokens)
+    try:
+        generated = traffic.wait_generated(after_tokens, timeout=_WAIT_BASE_S + _WAIT_PER_TOKEN_S * after_tokens)
+    except RuntimeError:
+        _end_traffic(server, traffic, profile_id, settings)  # never left running into the next point's profile
+        raise
     _post(server.base_url, "/start_profile", {
         "output_dir": str(traces), "num_steps": steps, "activities": ["CPU", "GPU"], "record_shapes": True,
         "with_stack": False, "profile_by_stage": True, "profile_id": profile_id})
     _log(f"{profile_id}: profiler armed for the next {steps} decode batches")
     trace_path = _wait_trace(traces, profile_id, server)
     done_early = traffic.finished_before(trace_path.stat().st_mtime)
-    try:  # the rest of the requests is not needed: free the batch for the next point
-        _post(server.base_url, "/abort_request", {"abort_all": True})
-    except (OSError, server_process.HTTPStatusError) as e:
-        _log(f"{profile_id}: /abort_request failed ({e}); waiting for the requests to end")
-    traffic.join(max(120.0, settings.output_len * 0.05))
+    _end_traffic(server, traffic, profile_id, settings)  # the rest of the requests is not needed
     _disarm(server, traces)
     if done_early:
         return {"error": f"{done_early} of {c} requests ended before the trace was written (the profiled batch "

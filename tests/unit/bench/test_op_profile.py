@@ -345,21 +345,27 @@ def test_a_graphs_on_profile_starts_servers_with_graphs_and_says_so(tmp_path, mo
 
 class _StreamingGenerate:
     """A local HTTP server whose ``/generate`` streams ``chunks`` server-sent events, each ``meta_info`` counting one
-    more token, ``pause`` seconds apart (then ``[DONE]``); records the bodies it got."""
+    more token, ``pause`` seconds apart (then ``[DONE]``); records the bodies it got and the ``/abort_request``s."""
 
     def __init__(self, chunks: int, pause: float):
         import http.server
         import threading
 
         outer = self
-        self.bodies = []
+        self.bodies, self.aborts = [], []
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
 
             def do_POST(self):
-                outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/abort_request":
+                    outer.aborts.append(body)
+                    self.send_response(200)
+                    self.end_headers()
+                    return
+                outer.bodies.append(body)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -415,5 +421,22 @@ def test_the_wait_gives_up_after_its_timeout():
         traffic = _traffic(server.url, 1)
         with pytest.raises(RuntimeError, match="not the 30 the profile waits for"):
             traffic.wait_generated(30, timeout=0.5)
+    finally:
+        server.close()
+
+
+def test_a_point_whose_requests_end_too_soon_aborts_them_and_fails(tmp_path):
+    from types import SimpleNamespace
+
+    from sglang_detspec.bench.serving_bench import configs as cfgs
+    from sglang_detspec.bench.serving_bench import profile_runner
+
+    server = _StreamingGenerate(chunks=5, pause=0.0)
+    try:
+        settings = cfgs.BenchSettings(input_len=3, output_len=40)
+        with pytest.raises(RuntimeError, match="before every request had the 20"):
+            profile_runner._profile_point(SimpleNamespace(base_url=server.url), "x", 2, 1, settings, 100, tmp_path,
+                                          None, after_tokens=20)
+        assert server.aborts == [{"abort_all": True}], "the requests are not left running into the next point"
     finally:
         server.close()
