@@ -4,10 +4,12 @@
 The opt-in replaces SGLang's one-stage extend kernel in every TARGET_VERIFY forward with the split-KV decode kernel,
 one decode row per verified token (integration/sampling/verify_attention.py, the invariant mode's verify). Those
 rows depend only on the request's own length, so the probe must give one output under every traffic profile of
-``sglang-detspec check``, with CUDA graphs on and off, and the same tokens on both. Each server's log must say the
-decode-order verify was installed at its request, and the default DETSPEC_EAGLE server's log must not (the control:
-without it a log line that every server printed would pass the first check). Its speed is measured by ``bench-serve
---configs eagle_rs,detspec,detspec_decode_verify``.
+``sglang-detspec check``, with CUDA graphs on and off, the same tokens on both, and an accept length inside (1, 4)
+(the weighted pair rejects drafts, so rejection sampling runs). Each server's log must say the decode-order verify
+was installed at its request. Controls that must fail: built-in EAGLE + rejection sampling under the same uniform
+traffic gives several outputs (so the check can see a batch-dependent server), and the default DETSPEC_EAGLE
+server's log has no install line (so a line every server printed cannot pass). Its speed is measured by
+``bench-serve --configs eagle_rs,detspec,detspec_decode_verify``.
 """
 
 import pytest
@@ -22,16 +24,19 @@ SEED = 1234
 TRIALS = 12
 DECODE_ORDER = ("detspec_eagle_decode_verify_graph", "detspec_eagle_decode_verify_nograph")
 DEFAULT = "detspec_eagle_graph"
+CONTROL = "builtin_eagle_rs"
+ACCEPT_RANGE = (1.5, 3.5)
 INSTALLED = "the verify runs its attention in the decode kernel's order"
 ASKED_BY = "asked for by SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1"
 
-pytestmark = h.module_marks(*DECODE_ORDER, DEFAULT)
+pytestmark = h.module_marks(*DECODE_ORDER, DEFAULT, CONTROL)
 
 
 @pytest.fixture(scope="module")
 def checks(e2e_pool):
-    servers = {name: e2e_pool.ready(name) for name in DECODE_ORDER}
-    return ec.run_checks(servers, {name: "all" for name in servers}, trials=TRIALS, seed=SEED)
+    servers = {name: e2e_pool.ready(name) for name in (*DECODE_ORDER, CONTROL)}
+    traffic = {name: "uniform" if name == CONTROL else "all" for name in servers}
+    return ec.run_checks(servers, traffic, trials=TRIALS, seed=SEED)
 
 
 @pytest.mark.parametrize("name", DECODE_ORDER)
@@ -39,6 +44,17 @@ def test_one_output_under_every_profile(checks, name):
     r = checks[name]
     assert r["returncode"] == 0, r["stdout"] + r["stderr"]
     ec.assert_one_output_per_profile(r, profiles=ec.ALL_PROFILES)
+
+
+@pytest.mark.parametrize("name", DECODE_ORDER)
+def test_the_accept_length_shows_rejection(checks, name):
+    accept = checks[name]["report"]["probe_accept_length"]
+    assert accept is not None and ACCEPT_RANGE[0] <= accept <= ACCEPT_RANGE[1], accept
+
+
+def test_the_control_gives_several_outputs(checks):
+    r = checks[CONTROL]
+    assert r["returncode"] == 1 and r["report"]["unique_outputs"] > 1, r["stdout"] + r["stderr"]
 
 
 def test_graphs_on_and_off_give_the_same_tokens(checks):
