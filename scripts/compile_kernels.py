@@ -9,8 +9,8 @@ No GPU needed: Triton compiles for a CUDA target without a driver, and its wheel
 to compile (a ``tl`` call the compiler types differently, a jit helper it cannot resolve across modules).  This
 compiles each launch the package can make of the seeded draft sampler (stage 1 at every ``LAUNCH_TABLE`` block,
 fast and precise screen, with and without the greedy mask; stage 2), the reduced-vocabulary sampler, the
-reduced-vocabulary coupled race (both clamps, both screens) and the GEMM (every launch of its table, rows past M
-masked and not, with and without bias).  Exit 1 when any launch fails to
+reduced-vocabulary coupled race (both clamps, both screens), the GEMM (every launch of its table, rows past M
+masked and not, with and without bias) and the split-KV verify attention (the served pairs' row blocks).  Exit 1 when any launch fails to
 compile, naming it.  Run it with TRITON_INTERPRET unset.
 """
 
@@ -95,6 +95,33 @@ def _gemm_launches():
                             HAS_BIAS=bias, EVEN_K=True, MASK_ROWS=masked, UPCAST_DOT=False), c.num_warps)
 
 
+def _verify_attention_launches():
+    # the split-KV verify attention (tile and merge kernels) at head dim 128, bfloat16 and float16, for the query-row
+    # blocks the served pairs launch: 4 verified tokens x a group of 2 (mid-size), 4 (Llama-3-8B), 8 and 16
+    attention = importlib.import_module("sglang_detspec.kernels.split_kv_verify_attention")
+    for dtype in ("bf16", "fp16"):
+        tile = {"Q": f"*{dtype}", "K_Buffer": f"*{dtype}", "V_Buffer": f"*{dtype}", "qo_indptr": "*i32",
+                "kv_indptr": "*i32", "kv_indices": "*i64", "prefix_lens": "*i32", "Part_O": "*fp32",
+                "Part_Lse": "*fp32", "sm_scale": "fp32", "logit_cap": "fp32", **{
+                    name: "i32" for name in ("stride_qt", "stride_qh", "stride_kbs", "stride_kh", "stride_vbs",
+                                             "stride_vh", "stride_pot", "stride_poh", "stride_pos", "stride_plt",
+                                             "stride_plh")}}
+        for group in (2, 4, 8, 16):
+            block_m, row_blocks = attention.launch_shape(group, 4)
+            for cap in (False, True):
+                yield (f"split_kv_verify_attention tile {dtype} group{group} m{block_m}{' cap' if cap else ''}",
+                       attention._tile_kernel, dict(tile),
+                       dict(GROUP=group, ROW_BLOCKS=row_blocks, SPLIT=256, BLOCK_M=block_m,
+                            BLOCK_N=attention.BLOCK_N, BLOCK_D=128, BLOCK_DV=128, Lk=128, Lv=128, HAS_CAP=cap,
+                            FP32_DOTS=False), 4)
+        merge = {"Part_O": "*fp32", "Part_Lse": "*fp32", "Out": f"*{dtype}", "qo_indptr": "*i32", "kv_indptr": "*i32",
+                 "v_scale": "fp32", **{name: "i32" for name in ("stride_pot", "stride_poh", "stride_pos",
+                                                                 "stride_plt", "stride_plh", "stride_ot",
+                                                                 "stride_oh")}}
+        yield (f"split_kv_verify_attention merge {dtype}", attention._merge_kernel, dict(merge),
+               dict(SPLIT=256, BLOCK_DV=128, Lv=128), 2)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
@@ -103,7 +130,8 @@ def main(argv=None) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    launches = list(_draft_sampler_launches()) + list(_coupled_hot_race_launches()) + list(_gemm_launches())
+    launches = (list(_draft_sampler_launches()) + list(_coupled_hot_race_launches()) + list(_gemm_launches())
+                + list(_verify_attention_launches()))
     rows, failed = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, fn, signature, constexprs, warps) in enumerate(launches, 1):

@@ -347,6 +347,26 @@ REFUSALS: Dict[str, Refusal] = {
         "Use '1' (the decode kernel's order) or '0' / unset (SGLang's extend kernel, the default).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "split_kv_verify": Refusal(
+        "SGLANG_DETSPEC_SPLIT_KV_VERIFY={value!r}",
+        "it chooses whether a DETSPEC_EAGLE verify runs its attention in the plugin's split-KV verify kernel or in "
+        "SGLang's one-stage extend kernel (other numbers, so other tokens for a seed), and a typo read as a default "
+        "would serve another configuration than the environment names",
+        "Use '1' (the split-KV verify kernel) or '0' / unset (SGLang's extend kernel, the default).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
+    "split_kv_verify_with_decode_order": Refusal(
+        "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 with SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1",
+        "both replace the verify's attention kernel, and only one can run",
+        "Unset one of the two.",
+        form="{flag} cannot be combined: {why}. {fix}",
+    ),
+    "split_kv_verify_invariant": Refusal(
+        "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1",
+        "its verify attention must run in the decode kernel's order to emit the non-speculative server's tokens, and "
+        "the split-KV verify kernel sums in another order",
+        "Unset SGLANG_DETSPEC_SPLIT_KV_VERIFY, or use --speculative-algorithm {rejection_name}.",
+    ),
 }
 
 

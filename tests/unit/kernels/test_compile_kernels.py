@@ -1,5 +1,5 @@
-"""scripts/compile_kernels.py: every launch of the draft samplers and the GEMM compiled for sm_90a on this GPU-less
-machine.
+"""scripts/compile_kernels.py: every launch of the draft samplers, the GEMM and the verify attention compiled for
+sm_90a on this GPU-less machine.
 
 The interpreter runs a kernel's Python, not Triton's compiler, so a kernel can pass every interpreter test and still
 fail to build on the GPU. The control is such a kernel: a ``tl.dot`` of 8 x 8 tiles runs under the interpreter but
@@ -41,6 +41,8 @@ def test_every_launch_compiles_for_hopper(tmp_path):
     assert sum(n.startswith("coupled_hot_race_probs stage1") for n in names) >= 4  # both clamps x both screens
     assert any(n.startswith("coupled_hot_race_probs stage2") for n in names)
     assert sum(n.startswith("batch_invariant_gemm") for n in names) >= 4 * 6  # masked/unmasked x bias, every tile
+    assert sum(n.startswith("split_kv_verify_attention tile") for n in names) >= 8  # every row block, cap or not
+    assert any(n.startswith("split_kv_verify_attention merge") for n in names)
     assert all(r["registers"] for r in result["rows"])
 
 

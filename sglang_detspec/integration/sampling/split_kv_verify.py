@@ -1,0 +1,168 @@
+"""The target's verify attention in the plugin's split-KV verify kernel (``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1``).
+
+Why
+---
+Under ``--enable-deterministic-inference`` SGLang's Triton backend runs every TARGET_VERIFY attention through its
+one-stage extend kernel, one program per (request, query head, query block), each walking the whole context. On the
+mid-size pair at c = 1 that was 2.00 ms of a 3.64 ms replayed DETSPEC_EAGLE step on an H100, against 1.03 ms for
+built-in EAGLE + rejection sampling's kernel (docs/results.md, 2026-12-07 second run): the whole gap between the two.
+:mod:`sglang_detspec.kernels.split_kv_verify_attention` computes the same attention split over fixed key tiles (the
+backend's ``split_tile_size``, 256 by default), so a request's numbers still depend on its own keys only.
+
+What
+----
+On each of the target model runner's Triton backends (instance attributes, installed before any CUDA graph is
+captured) two methods are wrapped:
+
+* ``forward_extend`` notes the forward batch while a TARGET_VERIFY forward runs, then runs upstream's body, which
+  writes the verify tokens' K / V into the cache and builds the unified prefix + draft key indices as in every
+  release;
+* ``extend_attention_fwd_unified`` (the kernel upstream's body calls at its end) runs the split-KV verify kernel on
+  those indices while a verify batch is noted, and upstream's kernel otherwise (prefill, draft extend).
+
+The verified chain is a topk-1 chain (the plugin refuses other topk), so upstream's custom mask is causal over the
+drafts, which the kernel applies without reading the mask.
+
+CUDA graphs
+-----------
+Under capture the kernel's scratch is the backend's own CUDA-graph decode buffers (``cuda_graph_attn_logits`` /
+``_attn_lse``, sized ``max_num_tokens x heads x max_kv_splits``), which a verify graph state sizes for every verify
+row and otherwise leaves unused, and the grid covers ``max_kv_splits`` tiles; programs past a request's last tile
+return at once. Eager forwards size both from the batch's longest sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+from typing import Any, List
+
+import torch
+
+from sglang_detspec.integration.sampling.verify_attention import verify_backends
+from sglang_detspec.kernels.split_kv_verify_attention import max_splits_for, split_kv_verify_attention
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["install_split_kv_verify", "INSTALLED_LOG"]
+
+#: What the server log says once the kernel is installed (the E2E tests look for it).
+INSTALLED_LOG = "the verify runs its attention in the split-KV verify kernel"
+_ORIGINALS_ATTR = "_detspec_split_kv_verify_originals"
+_VERIFY_BATCH_ATTR = "_detspec_split_kv_verify_batch"
+_FIX = "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY"
+
+
+def _refusal(why: str, fix: str) -> RuntimeError:
+    return RuntimeError(
+        f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve this model's verify: {why}. {fix}, or {_FIX}."
+    )
+
+
+def _check_backend(backend: Any) -> None:
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if not isinstance(backend, TritonAttnBackend):
+        raise _refusal(f"the target model runs on {type(backend).__name__}, and the kernel replaces the Triton "
+                       "backend's verify kernel", "Pass --attention-backend triton")
+    if not getattr(backend, "enable_deterministic", False) or getattr(backend, "split_tile_size", None) is None:
+        raise _refusal("the Triton backend is not in deterministic mode (no fixed key tile)",
+                       "Pass --enable-deterministic-inference")
+    if not callable(getattr(backend, "extend_attention_fwd_unified", None)):
+        raise RuntimeError("sglang-detspec: this SGLang's Triton backend has no extend_attention_fwd_unified, which "
+                           f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 replaces; {_FIX} (sglang-detspec needs updating)")
+    if getattr(backend, "use_mla", False):
+        raise _refusal("the model uses multi-head latent attention, whose 576-wide keys the kernel is not tuned or "
+                       "tested for", "Serve it without the variable")
+    if (getattr(backend, "sliding_window_size", None) or 0) > 0:
+        raise _refusal("the model has sliding-window layers", "Serve it without the variable")
+    if getattr(backend, "dcp_size", 1) != 1:
+        raise _refusal("decode context parallelism shards the keys per rank", "Drop --dcp-size")
+    if int(getattr(backend, "page_size", 1) or 1) != 1:
+        raise _refusal(f"the KV cache has pages of {backend.page_size} tokens, and the kernel reads token slots",
+                       "Pass --page-size 1")
+
+
+def _forward_extend(self: Any, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    original = self.__dict__[_ORIGINALS_ATTR][0]
+    if not forward_batch.forward_mode.is_target_verify():
+        return original(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+    self.__dict__[_VERIFY_BATCH_ATTR] = forward_batch
+    try:
+        return original(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+    finally:
+        self.__dict__.pop(_VERIFY_BATCH_ATTR, None)
+
+
+def _scratch(backend: Any, tokens: int, heads: int, v_dim: int, max_splits: int, capturing: bool, device):
+    if capturing:
+        logits = getattr(backend, "cuda_graph_attn_logits", None)
+        lse = getattr(backend, "cuda_graph_attn_lse", None)
+        if (logits is not None and lse is not None and logits.shape[0] >= tokens and logits.shape[1] >= heads
+                and logits.shape[2] >= max_splits and logits.shape[3] >= v_dim):
+            return logits, lse
+    return (torch.empty(tokens, heads, max_splits, v_dim, dtype=torch.float32, device=device),
+            torch.empty(tokens, heads, max_splits, dtype=torch.float32, device=device))
+
+
+def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+             max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
+             sliding_window_size=-1, sinks=None, window_start_pos=None, xai_temperature_len=-1, page_size=1,
+             score_mod=None, aux_tensors=None):
+    forward_batch = self.__dict__.get(_VERIFY_BATCH_ATTR)
+    if forward_batch is None:
+        return self.__dict__[_ORIGINALS_ATTR][1](
+            q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens, max_len_extend,
+            custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, logit_cap=logit_cap,
+            is_causal=is_causal, sliding_window_size=sliding_window_size, sinks=sinks,
+            window_start_pos=window_start_pos, xai_temperature_len=xai_temperature_len, page_size=page_size,
+            score_mod=score_mod, aux_tensors=aux_tensors)
+    unsupported = [name for name, used in (
+        ("a sliding window", sliding_window_size is not None and sliding_window_size > 0),
+        ("attention sinks", sinks is not None), ("a score_mod", score_mod is not None),
+        ("an xai temperature", (xai_temperature_len or 0) > 0), ("pages", int(page_size or 1) != 1),
+        ("non-causal attention", not is_causal)) if used]
+    if unsupported:
+        raise _refusal(f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply",
+                       "Serve this model without the variable")
+    batch = prefix_lens.shape[0]
+    tokens, heads, v_dim = q.shape[0], q.shape[1], v_buffer.shape[-1]
+    split = int(self.split_tile_size)
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    if capturing:
+        max_splits = int(self.max_kv_splits)
+    else:
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        longest = (int(seq_lens_cpu[:batch].max()) if seq_lens_cpu is not None
+                   else int(forward_batch.seq_lens[:batch].max()))
+        max_splits = max_splits_for(longest + int(max_len_extend), split)
+    partial_out, partial_lse = _scratch(self, tokens, heads, v_dim, max_splits, capturing, q.device)
+    split_kv_verify_attention(
+        q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens,
+        max_q_len=int(max_len_extend), split=split, max_splits=max_splits, partial_out=partial_out,
+        partial_lse=partial_lse, sm_scale=(sm_scale or q.shape[-1] ** -0.5) * k_scale, logit_cap=logit_cap or 0.0,
+        v_scale=v_scale,
+    )
+    return o
+
+
+def install_split_kv_verify(model_runner: Any) -> List[Any]:
+    """Run every verify attention of ``model_runner`` in the split-KV verify kernel; return the patched backends.
+
+    Call it after the target's attention backends exist and before its CUDA graphs are captured. Idempotent.
+    Refuses (``RuntimeError`` naming the variable and the way out) a backend whose verify it cannot serve.
+    """
+    backends = verify_backends(model_runner)
+    if not backends:
+        raise RuntimeError("sglang-detspec: the target model runner has no attention backend yet; the split-KV verify "
+                           "must be installed after init_attention_backends (sglang-detspec needs updating)")
+    for backend in backends:
+        _check_backend(backend)
+    for backend in backends:
+        if _ORIGINALS_ATTR not in backend.__dict__:
+            backend.__dict__[_ORIGINALS_ATTR] = (backend.forward_extend, backend.extend_attention_fwd_unified)
+            backend.forward_extend = types.MethodType(_forward_extend, backend)
+            backend.extend_attention_fwd_unified = types.MethodType(_unified, backend)
+    logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; asked for by "
+                "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1)", INSTALLED_LOG, len(backends), backends[0].split_tile_size)
+    return backends

@@ -1,0 +1,192 @@
+"""``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1``: the split-KV verify kernel inside SGLang's real Triton backend (CPU, Triton
+interpreter, SGLang's own ``forward_extend`` and one-stage extend kernel).
+
+A verify forward of a topk-1 chain through upstream's ``forward_extend`` in deterministic mode, first as upstream runs
+it (its unified kernel with the chain's custom mask), then with the kernel installed: the outputs must agree to
+float16 rounding (another summation order, so not bit for bit), the K/V written must be identical, a request's rows
+must be the same bits alone and beside another request, and prefill forwards must still run upstream's kernel.
+Control: a custom mask that hides each draft's own key changes upstream's output beyond that tolerance, so the
+comparison can see a mask the kernel gets wrong. The CUDA kernel's own numbers, graph replay and a real model are
+checked on the GPU (tests/e2e/test_e2e_split_kv_verify.py, scripts/bench/bench_verify_attention.py).
+"""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+triton_backend = pytest.importorskip("sglang.srt.layers.attention.triton_backend")
+from test_verify_attention import HEAD_DIM, HEADS, KV_HEADS, _backend, _empty_metadata, _Pool  # noqa: E402
+from test_verify_attention import _layer as _decode_layer  # noqa: E402
+
+from sglang.kernels.ops.attention.extend_attention import (  # noqa: E402
+    build_unified_kv_indices,
+    extend_attention_fwd_unified,
+)
+from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
+
+from sglang_detspec.integration.sampling import split_kv_verify  # noqa: E402
+
+STEPS_PLUS_ONE = 4
+SPLIT_TILE = 16
+MAX_CONTEXT = 128
+
+
+def _mode(verify: bool):
+    return types.SimpleNamespace(is_target_verify=lambda: verify, is_decode=lambda: False)
+
+
+def _layer(layer_id):
+    layer = _decode_layer(layer_id)
+    layer.__dict__.update(is_cross_attention=False, attn_type=AttentionType.DECODER)
+    return layer
+
+
+def _real_backend(pool, req_to_token):
+    backend = _backend(pool, req_to_token)
+    backend.__dict__.update(
+        split_tile_size=SPLIT_TILE, max_context_len=MAX_CONTEXT, max_kv_splits=MAX_CONTEXT // SPLIT_TILE,
+        extend_attention_fwd_unified=extend_attention_fwd_unified, build_unified_kv_indices=build_unified_kv_indices,
+        allow_bidirectional_attention_in_extend=False, device=torch.device("cpu"),
+        use_dense_fp8_chunked_prefill=False,  # 0.5.23
+    )
+    return backend
+
+
+def _chain_mask(prefix_lens, hide_own_key=False):
+    """Upstream's custom mask of a topk-1 chain: row j sees the prefix and drafts 0..j (0..j-1 with the control)."""
+    parts = []
+    for prefix in prefix_lens:
+        kv_len = prefix + STEPS_PLUS_ONE
+        seen = torch.arange(kv_len)[None, :] < (prefix + torch.arange(STEPS_PLUS_ONE) + 1)[:, None]
+        if hide_own_key:
+            seen[torch.arange(1, STEPS_PLUS_ONE), prefix + torch.arange(1, STEPS_PLUS_ONE)] = False
+        parts.append(seen.reshape(-1))
+    mask = torch.cat(parts)
+    indptr = torch.zeros(len(prefix_lens) + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(torch.tensor([(p + STEPS_PLUS_ONE) * STEPS_PLUS_ONE for p in prefix_lens]), 0)
+    return mask, indptr
+
+
+def _verify_forward(scene, backend, hide_own_key=False):
+    """Upstream's TARGET_VERIFY metadata for the scene's batch, and one layer's forward_extend."""
+    prefix_lens, reqs = scene["seq_lens"], scene["reqs"]
+    bs = len(prefix_lens)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int32), 0)
+    kv_indices = torch.cat([scene["req_to_token"][r, :n] for r, n in zip(reqs, prefix_lens)]).to(torch.int64)
+    mask, mask_indptr = _chain_mask(prefix_lens, hide_own_key)
+    backend.forward_metadata = dataclasses.replace(
+        _empty_metadata(), kv_indptr=kv_indptr, kv_indices=kv_indices,
+        qo_indptr=torch.arange(0, (bs + 1) * STEPS_PLUS_ONE, STEPS_PLUS_ONE, dtype=torch.int32),
+        custom_mask=mask, mask_indptr=mask_indptr, max_extend_len=STEPS_PLUS_ONE,
+    )
+    seq_lens = torch.tensor(prefix_lens, dtype=torch.int64)
+    batch = types.SimpleNamespace(
+        forward_mode=_mode(True), batch_size=bs, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
+        req_pool_indices=torch.tensor(reqs), out_cache_loc=scene["out_cache_loc"], extend_seq_lens=None,
+        extend_start_loc=None, extend_prefix_lens=None, positions=None, mha_one_shot=False,  # 0.5.23
+        attn_attend_prefix_cache=None,
+        spec_info=types.SimpleNamespace(draft_token_num=STEPS_PLUS_ONE), out_cache_loc_is_physical=True,
+    )
+    return backend.forward_extend(scene["q"], scene["k"], scene["v"], _layer(0), batch)
+
+
+def _install(backend):
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
+    return split_kv_verify.install_split_kv_verify(runner)
+
+
+#: (prefix lens, request pool rows): prefixes spanning several 16-key tiles, out of pool order; one request alone.
+BATCHES = {"two_requests": ([45, 13], [2, 0]), "one_request": ([45], [2])}
+
+
+def _scene(name, seed=20261207):
+    generator = torch.Generator().manual_seed(seed)
+    seq_lens, reqs = BATCHES[name]
+    req_to_token = torch.randperm(4 * MAX_CONTEXT, generator=generator).to(torch.int32).reshape(4, MAX_CONTEXT)
+    rows = len(seq_lens) * STEPS_PLUS_ONE
+    out_cache_loc = torch.cat([req_to_token[r, n: n + STEPS_PLUS_ONE] for r, n in zip(reqs, seq_lens)]).long()
+    return dict(
+        seq_lens=seq_lens, reqs=reqs, req_to_token=req_to_token, out_cache_loc=out_cache_loc,
+        pool=_Pool(4 * MAX_CONTEXT, layers=1, generator=generator),
+        q=torch.randn(rows, HEADS * HEAD_DIM, generator=generator).half(),
+        k=torch.randn(rows, KV_HEADS * HEAD_DIM, generator=generator).half(),
+        v=torch.randn(rows, KV_HEADS * HEAD_DIM, generator=generator).half(),
+    )
+
+
+@pytest.fixture(params=list(BATCHES))
+def scene(request):
+    return _scene(request.param)
+
+
+def _run(scene, install, hide_own_key=False):
+    pool = scene["pool"].clone()
+    backend = _real_backend(pool, scene["req_to_token"])
+    if install:
+        _install(backend)
+    return _verify_forward(scene, backend, hide_own_key).clone(), pool
+
+
+def test_matches_upstreams_verify_and_writes_the_same_cache(scene):
+    want, want_pool = _run(scene, install=False)
+    got, pool = _run(scene, install=True)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=2e-3)
+    assert torch.equal(pool.k[0], want_pool.k[0]) and torch.equal(pool.v[0], want_pool.v[0])
+
+
+def test_control_a_wrong_mask_is_seen():
+    scene = _scene("two_requests")
+    want, _ = _run(scene, install=False)
+    wrong, _ = _run(scene, install=False, hide_own_key=True)
+    assert (wrong.float() - want.float()).abs().max() > 2e-2
+
+
+def test_a_request_gives_the_same_bits_alone_and_beside_another():
+    scene = _scene("two_requests")
+    together, _ = _run(scene, install=True)
+    first = slice(0, STEPS_PLUS_ONE)
+    alone_scene = dict(scene, seq_lens=scene["seq_lens"][:1], reqs=scene["reqs"][:1],
+                       out_cache_loc=scene["out_cache_loc"][first], q=scene["q"][first], k=scene["k"][first],
+                       v=scene["v"][first])
+    alone, _ = _run(alone_scene, install=True)
+    assert torch.equal(alone, together[:STEPS_PLUS_ONE])
+
+
+def test_outside_a_verify_the_unified_kernel_is_upstreams(scene):
+    """Prefill and draft extend call the unified kernel with no verify batch noted: upstream's kernel runs."""
+    backend = _real_backend(scene["pool"].clone(), scene["req_to_token"])
+    calls = []
+    backend.extend_attention_fwd_unified = lambda *args, **kwargs: calls.append((args, kwargs))
+    _install(backend)
+    _install(backend)  # idempotent: wraps once
+    backend.extend_attention_fwd_unified(*range(11), custom_mask="mask")
+    assert len(calls) == 1 and calls[0][0] == tuple(range(11)) and calls[0][1]["custom_mask"] == "mask"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(enable_deterministic=False), "--enable-deterministic-inference"),
+        (dict(use_mla=True), "multi-head latent attention"),
+        (dict(sliding_window_size=4), "sliding-window"),
+        (dict(page_size=16), "--page-size 1"),
+        (dict(dcp_size=2), "--dcp-size"),
+    ],
+)
+def test_refuses_backends_it_cannot_serve(scene, change, words):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    backend.__dict__.update(change)
+    with pytest.raises(RuntimeError, match=words) as refused:
+        _install(backend)
+    assert "forward_extend" not in backend.__dict__
+    assert str(refused.value).startswith("SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve")
+    assert str(refused.value).endswith("or unset SGLANG_DETSPEC_SPLIT_KV_VERIFY.")
+
+
+def test_refuses_a_non_triton_backend():
+    runner = types.SimpleNamespace(attn_backend=object(), decode_attn_backend=None, decode_attn_backend_group=[])
+    with pytest.raises(RuntimeError, match="--attention-backend triton"):
+        split_kv_verify.install_split_kv_verify(runner)
