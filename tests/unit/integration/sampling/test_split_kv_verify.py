@@ -190,3 +190,39 @@ def test_refuses_a_non_triton_backend():
     runner = types.SimpleNamespace(attn_backend=object(), decode_attn_backend=None, decode_attn_backend_group=[])
     with pytest.raises(RuntimeError, match="--attention-backend triton"):
         split_kv_verify.install_split_kv_verify(runner)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The switch: strict values, never beside the decode-order verify, never under the invariant algorithms
+
+
+def test_the_switch_is_strict_and_excludes_the_decode_order_verify():
+    from sglang_detspec.integration.setup.split_kv_verify_switch import split_kv_verify_wanted
+
+    assert split_kv_verify_wanted({}) is False
+    assert split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "0"}) is False
+    assert split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1"}) is True
+    with pytest.raises(Exception, match="SGLANG_DETSPEC_SPLIT_KV_VERIFY='on'.*Use '1'"):
+        split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "on"})
+    with pytest.raises(Exception, match="cannot be combined: both replace the verify's attention kernel"):
+        split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1", "SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"})
+
+
+@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", False)])
+def test_detspec_eagle_installs_the_kernel_only_when_asked(scene, monkeypatch, value, installed):
+    from sglang_detspec.integration.sampling import scheme
+    from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
+
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+
+    class Worker(DetspecSpecWorker, type("Upstream", (), {"init_attention_backends": lambda self: None})):
+        pass
+
+    worker = object.__new__(Worker)
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
+    worker.target_worker = types.SimpleNamespace(model_runner=runner)
+    with scheme.selected(scheme.REJECTION):
+        worker.init_attention_backends()
+    assert (split_kv_verify._ORIGINALS_ATTR in backend.__dict__) is installed

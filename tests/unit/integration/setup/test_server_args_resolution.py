@@ -559,3 +559,19 @@ def test_refuses_simulated_acceptance(models, monkeypatch, name):
     for off in ("-1", "0"):
         monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", off)
         assert compat.read_field(resolve(**base_args(models, name)), "speculative_algorithm") == name
+
+
+@pytest.mark.parametrize("name", ["DETSPEC_EAGLE_INVARIANT", "DETSPEC_EAGLE3_INVARIANT"])
+def test_the_split_kv_verify_is_refused_for_the_invariant_algorithms(models, monkeypatch, name):
+    """Their verify must run in the decode kernel's order; the refusal names the variable and the rejection twin."""
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "1")
+    with pytest.raises(DetspecConfigError) as info:
+        resolve(**base_args(models, name))
+    msg = str(info.value)
+    assert f"--speculative-algorithm {name} cannot be used with SGLANG_DETSPEC_SPLIT_KV_VERIFY=1" in msg, msg
+    assert f"or use --speculative-algorithm {name[: -len('_INVARIANT')]}." in msg, msg
+
+
+def test_the_split_kv_verify_resolves_for_detspec_eagle(models, monkeypatch):
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "1")
+    assert compat.read_field(resolve(**base_args(models, "DETSPEC_EAGLE")), "speculative_algorithm") == "DETSPEC_EAGLE"
