@@ -246,7 +246,7 @@ def run_profile(settings: cfgs.BenchSettings, out: Path, *, models_dir: Optional
 
 
 def _profile_configs(settings, out: Path, traces: Path, pair, shape, steps: int, shape_names, start_timeout: float,
-                     points: Dict[str, Dict[int, dict]], bar, graphs: bool = False, after_tokens: int = 1) -> None:
+                     points: Dict[str, Dict[int, dict]], bar, graphs: bool, after_tokens: int) -> None:
     """One server per configuration, in turn, every concurrency on it; the report is rewritten after each
     configuration, so a run stopped part-way leaves its finished points on disk."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
