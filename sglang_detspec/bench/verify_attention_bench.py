@@ -154,18 +154,22 @@ def run(out_dir: str, quick: bool, steps_plus_one: int, replays: int) -> List[di
         row["split_kv_vs_unified"] = row["unified_us_median"] / row["split_kv_us_median"]
         row["split_kv_vs_two_stage"] = row["two_stage_us_median"] / row["split_kv_us_median"]
         rows.append(row)
+        _write(out_dir, rows)  # after every point, so a run cut short keeps what it measured
         print(f"[{i + 1}/{total}] {pair} B={batch} ctx={context}: split_kv {row['split_kv_us_median']:.0f} us, "
               f"unified {row['unified_us_median']:.0f}, two_stage {row['two_stage_us_median']:.0f} per step; "
               f"err {row['max_abs_error']:.2e}, alone==batch {row['alone_equals_batch']}", flush=True)
         del point
         torch.cuda.empty_cache()
+    return rows
+
+
+def _write(out_dir: str, rows: List[dict]) -> None:
     with open(os.path.join(out_dir, "verify_attention_bench.json"), "w") as f:
         json.dump(rows, f, indent=1)
     with open(os.path.join(out_dir, "verify_attention_bench.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    return rows
 
 
 def _args(argv):
