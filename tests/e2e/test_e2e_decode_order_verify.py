@@ -12,9 +12,8 @@ server's log has no install line (so a line every server printed cannot pass). I
 ``bench-serve --configs eagle_rs,detspec,detspec_decode_verify``.
 """
 
-import pytest
+import verify_kernel_opt_in as vk
 
-import e2e_checks as ec
 import e2e_harness as h
 from e2e_harness import register_cuda_ci
 
@@ -32,44 +31,8 @@ ASKED_BY = "asked for by SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1"
 pytestmark = h.module_marks(*DECODE_ORDER, DEFAULT, CONTROL)
 
 
-@pytest.fixture(scope="module")
-def checks(e2e_pool):
-    servers = {name: e2e_pool.ready(name) for name in (*DECODE_ORDER, CONTROL)}
-    traffic = {name: "uniform" if name == CONTROL else "all" for name in servers}
-    return ec.run_checks(servers, traffic, trials=TRIALS, seed=SEED)
-
-
-@pytest.mark.parametrize("name", DECODE_ORDER)
-def test_one_output_under_every_profile(checks, name):
-    r = checks[name]
-    assert r["returncode"] == 0, r["stdout"] + r["stderr"]
-    ec.assert_one_output_per_profile(r, profiles=ec.ALL_PROFILES)
-
-
-@pytest.mark.parametrize("name", DECODE_ORDER)
-def test_the_accept_length_shows_rejection(checks, name):
-    accept = checks[name]["report"]["probe_accept_length"]
-    assert accept is not None and ACCEPT_RANGE[0] <= accept <= ACCEPT_RANGE[1], accept
-
-
-def test_the_control_gives_several_outputs(checks):
-    r = checks[CONTROL]
-    assert r["returncode"] == 1 and r["report"]["unique_outputs"] > 1, r["stdout"] + r["stderr"]
-
-
-def test_graphs_on_and_off_give_the_same_tokens(checks):
-    first = {name: tuple(checks[name]["report"]["trials"][0]["output_ids"]) for name in DECODE_ORDER}
-    assert len(set(first.values())) == 1, first
-
-
-@pytest.mark.parametrize("name", DECODE_ORDER)
-def test_the_log_says_the_decode_order_verify_was_installed(checks, e2e_pool, name):
-    log = e2e_pool.get(name).log_text()
-    assert INSTALLED in log and ASKED_BY in log
-
-
-def test_the_default_server_keeps_sglangs_verify_attention(e2e_pool):
-    assert INSTALLED not in e2e_pool.ready(DEFAULT).log_text()
+globals().update(vk.opt_in_tests(DECODE_ORDER, default=DEFAULT, control=CONTROL, installed=INSTALLED, asked_by=ASKED_BY,
+                                 accept_range=ACCEPT_RANGE, trials=TRIALS, seed=SEED))
 
 
 if __name__ == "__main__":
