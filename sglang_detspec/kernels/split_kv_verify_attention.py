@@ -182,6 +182,9 @@ def _validate(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix
     if k_buffer.dim() != 3 or v_buffer.dim() != 3 or k_buffer.shape[:2] != v_buffer.shape[:2]:
         raise ValueError(f"k_buffer and v_buffer must be [slots, kv_heads, dim] (page size 1), got "
                          f"{tuple(k_buffer.shape)} and {tuple(v_buffer.shape)}")
+    if q.dtype not in (torch.float16, torch.bfloat16) or k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
+        raise ValueError(f"q, k_buffer and v_buffer must share one dtype, float16 or bfloat16, got {q.dtype}, "
+                         f"{k_buffer.dtype} and {v_buffer.dtype} (a quantised KV cache is not supported)")
     if q.shape[1] % k_buffer.shape[1]:
         raise ValueError(f"q_heads ({q.shape[1]}) must be a multiple of kv_heads ({k_buffer.shape[1]})")
     if q.shape[2] != k_buffer.shape[2] or o.shape[2] != v_buffer.shape[2]:

@@ -153,6 +153,7 @@ def test_draft_rows_see_only_earlier_drafts():
         (lambda kw: kw.update(q=kw["q"][:, :3], o=kw["o"][:, :3]), "q_heads"),
         (lambda kw: kw.update(kv_indptr=kw["kv_indptr"].float()), "kv_indptr must be a dense 1-D"),
         (lambda kw: kw.update(max_q_len=0), "max_q_len"),
+        (lambda kw: kw.update(k_buffer=kw["k_buffer"].float()), "a quantised KV cache is not supported"),
     ],
 )
 def test_refuses_malformed_launches(change, message):
