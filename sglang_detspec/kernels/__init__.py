@@ -17,6 +17,8 @@
   (``find_row_variance``, ``check_weight_rows``).
 * ``fused_add_rms_norm`` (:mod:`.rms_norm`): residual add + RMSNorm, one program per row.
 * :mod:`.seeded_verify_coins`: SGLang's seeded verify coins in one launch (imported from its module).
+* :mod:`.split_kv_verify_attention`: a verify's causal chain attention in fixed key tiles merged in order
+  (batch-invariant; imported from its module).
 * :mod:`.seeded_hot_draft_sample` and :mod:`.hot_chain_verify`: the draft draw and the chain rejection verify of a
   reduced-vocabulary ("hot token") draft, keyed by target id (imported from their modules).
 
