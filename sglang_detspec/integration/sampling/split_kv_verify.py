@@ -156,6 +156,10 @@ def install_split_kv_verify(model_runner: Any) -> List[Any]:
     if not backends:
         raise RuntimeError("sglang-detspec: the target model runner has no attention backend yet; the split-KV verify "
                            "must be installed after init_attention_backends (sglang-detspec needs updating)")
+    kv_dtype = getattr(model_runner, "kv_cache_dtype", None)
+    if isinstance(kv_dtype, torch.dtype) and kv_dtype not in (torch.float16, torch.bfloat16):
+        raise _refusal(f"the KV cache holds {kv_dtype}, and the kernel reads float16 / bfloat16 keys and values",
+                       "Drop --kv-cache-dtype")
     for backend in backends:
         _check_backend(backend)
     for backend in backends:

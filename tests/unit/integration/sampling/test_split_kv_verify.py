@@ -186,6 +186,17 @@ def test_refuses_backends_it_cannot_serve(scene, change, words):
     assert str(refused.value).endswith("or unset SGLANG_DETSPEC_SPLIT_KV_VERIFY.")
 
 
+def test_refuses_a_quantised_kv_cache(scene):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[],
+                                   kv_cache_dtype=torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="holds torch.float8_e4m3fn.*Drop --kv-cache-dtype"):
+        split_kv_verify.install_split_kv_verify(runner)
+    assert "forward_extend" not in backend.__dict__
+    runner.kv_cache_dtype = torch.bfloat16
+    assert split_kv_verify.install_split_kv_verify(runner) == [backend]
+
+
 def test_refuses_a_non_triton_backend():
     runner = types.SimpleNamespace(attn_backend=object(), decode_attn_backend=None, decode_attn_backend_group=[])
     with pytest.raises(RuntimeError, match="--attention-backend triton"):
