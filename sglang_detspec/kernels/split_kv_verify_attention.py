@@ -111,7 +111,7 @@ def _tile_kernel(
             if FP32_DOTS:
                 qk = tl.dot(q.to(tl.float32), k.to(tl.float32)) * sm_scale
             else:
-                qk = tl.dot(q.to(k.dtype), k) * sm_scale
+                qk = tl.dot(q, k) * sm_scale
             if HAS_CAP:
                 qk = logit_cap * (2 * tl.sigmoid(2 * qk / logit_cap) - 1)
             seen = row_ok[:, None] & in_tile[None, :] & (offs_n[None, :] < visible_end[:, None])
@@ -133,10 +133,9 @@ def _tile_kernel(
         seen_any = e_sum > 0
         out = tl.where(seen_any[:, None], acc / tl.where(seen_any, e_sum, 1.0)[:, None], 0.0)
         lse = tl.where(seen_any, e_max + tl.log(tl.where(seen_any, e_sum, 1.0)), float("-inf"))
-        t_rows = q_rows
-        tl.store(Part_O + t_rows[:, None] * stride_pot + head[:, None] * stride_poh + split_id * stride_pos
+        tl.store(Part_O + q_rows[:, None] * stride_pot + head[:, None] * stride_poh + split_id * stride_pos
                  + offs_dv[None, :], out, mask=row_ok[:, None] & (offs_dv[None, :] < Lv))
-        tl.store(Part_Lse + t_rows * stride_plt + head * stride_plh + split_id, lse, mask=row_ok)
+        tl.store(Part_Lse + q_rows * stride_plt + head * stride_plh + split_id, lse, mask=row_ok)
 
 
 @triton.jit
