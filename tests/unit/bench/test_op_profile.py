@@ -384,6 +384,12 @@ class _StreamingGenerate:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def _traffic(url, c):
     from sglang_detspec.bench.serving_bench import configs as cfgs
@@ -393,36 +399,27 @@ def _traffic(url, c):
 
 
 def test_the_profile_waits_until_every_request_has_generated_the_tokens():
-    server = _StreamingGenerate(chunks=40, pause=0.02)
-    try:
+    with _StreamingGenerate(chunks=40, pause=0.02) as server:
         traffic = _traffic(server.url, 3)
         counts = traffic.wait_generated(20, timeout=30)
         assert min(counts) >= 20 and max(counts) < 40, counts  # armed while every request still decodes
         traffic.join(30)
         assert traffic.generated == [40, 40, 40] and not traffic.errors
         assert all(body["stream"] is True and len(body["input_ids"]) == 3 for body in server.bodies)
-    finally:
-        server.close()
 
 
 def test_a_request_that_ends_before_the_context_is_an_error_naming_both_counts():
-    server = _StreamingGenerate(chunks=5, pause=0.0)
-    try:
+    with _StreamingGenerate(chunks=5, pause=0.0) as server:
         traffic = _traffic(server.url, 2)
         with pytest.raises(RuntimeError, match=r"request \d ended after 5 tokens, before every request had the 20"):
             traffic.wait_generated(20, timeout=30)
-    finally:
-        server.close()
 
 
 def test_the_wait_gives_up_after_its_timeout():
-    server = _StreamingGenerate(chunks=40, pause=0.2)
-    try:
+    with _StreamingGenerate(chunks=40, pause=0.2) as server:
         traffic = _traffic(server.url, 1)
         with pytest.raises(RuntimeError, match="not the 30 the profile waits for"):
             traffic.wait_generated(30, timeout=0.5)
-    finally:
-        server.close()
 
 
 def test_a_point_whose_requests_end_too_soon_aborts_them_and_fails(tmp_path):
@@ -431,12 +428,9 @@ def test_a_point_whose_requests_end_too_soon_aborts_them_and_fails(tmp_path):
     from sglang_detspec.bench.serving_bench import configs as cfgs
     from sglang_detspec.bench.serving_bench import profile_runner
 
-    server = _StreamingGenerate(chunks=5, pause=0.0)
-    try:
+    with _StreamingGenerate(chunks=5, pause=0.0) as server:
         settings = cfgs.BenchSettings(input_len=3, output_len=40)
         with pytest.raises(RuntimeError, match="before every request had the 20"):
             profile_runner._profile_point(SimpleNamespace(base_url=server.url), "x", 2, 1, settings, 100, tmp_path,
                                           None, after_tokens=20)
         assert server.aborts == [{"abort_all": True}], "the requests are not left running into the next point"
-    finally:
-        server.close()
