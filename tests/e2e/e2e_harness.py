@@ -240,9 +240,11 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         # The target's verify attention in the decode kernel's order (test_e2e_decode_order_verify).
         ServerSpec("detspec_eagle_decode_verify_graph", detspec, env={DECODE_ORDER_VERIFY_ENV: "1"}),
         ServerSpec("detspec_eagle_decode_verify_nograph", detspec + GRAPHS_OFF, env={DECODE_ORDER_VERIFY_ENV: "1"}),
-        # The target's verify attention in the plugin's split-KV verify kernel (test_e2e_split_kv_verify).
+        # The target's verify attention in the plugin's split-KV verify kernel, asked for (the default serves it too),
+        # and in SGLang's one-stage extend kernel (test_e2e_split_kv_verify).
         ServerSpec("detspec_eagle_split_kv_verify_graph", detspec, env={SPLIT_KV_VERIFY_ENV: "1"}),
         ServerSpec("detspec_eagle_split_kv_verify_nograph", detspec + GRAPHS_OFF, env={SPLIT_KV_VERIFY_ENV: "1"}),
+        ServerSpec("detspec_eagle_one_stage_verify", detspec, env={SPLIT_KV_VERIFY_ENV: "0"}),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -284,7 +286,7 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
 ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
 #: The opt-in that runs DETSPEC_EAGLE's verify attention in the decode kernel's order.
 DECODE_ORDER_VERIFY_ENV = "SGLANG_DETSPEC_DECODE_ORDER_VERIFY"
-#: The opt-in that runs DETSPEC_EAGLE's verify attention in the plugin's split-KV verify kernel.
+#: Whether DETSPEC_EAGLE's verify attention runs in the plugin's split-KV verify kernel (unset: where it can serve).
 SPLIT_KV_VERIFY_ENV = "SGLANG_DETSPEC_SPLIT_KV_VERIFY"
 FAST_INVARIANT_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 

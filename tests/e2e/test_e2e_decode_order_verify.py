@@ -1,7 +1,7 @@
 """End to end: DETSPEC_EAGLE with its verify attention in the decode kernel's order
 (``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1``, issue 32) still gives one output per seed.
 
-The opt-in replaces SGLang's one-stage extend kernel in every TARGET_VERIFY forward with the split-KV decode kernel,
+The opt-in replaces the default verify attention kernel in every TARGET_VERIFY forward with the split-KV decode kernel,
 one decode row per verified token (integration/sampling/verify_attention.py, the invariant mode's verify). Those
 rows depend only on the request's own length, so the probe must give one output under every traffic profile of
 ``sglang-detspec check``, with CUDA graphs on and off, the same tokens on both, and an accept length inside (1, 4)
@@ -31,7 +31,7 @@ ASKED_BY = "asked for by SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1"
 pytestmark = h.module_marks(*DECODE_ORDER, DEFAULT, CONTROL)
 
 
-globals().update(vk.opt_in_tests(DECODE_ORDER, default=DEFAULT, control=CONTROL, installed=INSTALLED, asked_by=ASKED_BY,
+globals().update(vk.opt_in_tests(DECODE_ORDER, without=DEFAULT, control=CONTROL, installed=INSTALLED, asked_by=ASKED_BY,
                                  accept_range=ACCEPT_RANGE, trials=TRIALS, seed=SEED))
 
 

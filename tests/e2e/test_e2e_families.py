@@ -19,7 +19,9 @@ and DETSPEC_EAGLE3_INVARIANT, by tests/e2e/test_e2e_reduced_vocab.py.
 Measured, each a test that can fail:
 
 1. Every server serves what it was asked: the plugin's start-up line for its algorithm, and ``/server_info``'s
-   attention backend is triton (no silent switch; the MoE runner backend SGLang chose is recorded beside it).
+   attention backend is triton (no silent switch; the MoE runner backend SGLang chose is recorded beside it); the
+   DETSPEC_EAGLE logs name the verify's attention kernel: the plugin's split-KV kernel on qwen3_moe, SGLang's (MLA)
+   on deepseek_mtp.
 2. ``sglang-detspec check --traffic all`` (uniform, mixed, long, prefix; :data:`TRIALS` trials) on DETSPEC_EAGLE with
    graphs on and off and on the invariant mode (``--against`` the reference): one probe output under every profile,
    the same tokens with graphs on and off, accept length in [1.5, 3.5] of 4 (recorded as ``check_<server>``).
@@ -244,6 +246,24 @@ def test_each_server_serves_what_it_was_asked(runs, pair, role):
         assert LOG_LINES[role] in log, srv.log_tail(60)
     assert served.get("attention_backend") == "triton", served
     assert served.get("enable_deterministic_inference") is (role != "builtin_rs"), served
+
+
+#: pair -> what the DETSPEC_EAGLE servers' logs must say of the verify's attention kernel by default: the plugin's
+#: split-KV verify kernel where it can serve the model, SGLang's kernel (and why) on multi-head latent attention.
+VERIFY_ATTENTION_LINES = {
+    "qwen3_moe": "the verify runs its attention in the split-KV verify kernel",
+    "deepseek_mtp": "the verify runs its attention in SGLang's one-stage extend kernel: the model uses multi-head "
+                    "latent attention",
+}
+
+
+@pytest.mark.parametrize("role", ("detspec_graph", "detspec_nograph"))
+@pytest.mark.parametrize("pair", PAIR_PARAMS)
+def test_the_log_names_the_verify_attention_kernel(runs, pair, role):
+    log = runs.ready(pair, role).log_text()
+    assert VERIFY_ATTENTION_LINES[pair] in log
+    other = next(line for p, line in VERIFY_ATTENTION_LINES.items() if p != pair)
+    assert other.split(":")[0] not in log
 
 
 # ---------------------------------------------------------------------------------------------------------------

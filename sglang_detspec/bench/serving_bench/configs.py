@@ -74,13 +74,13 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     BenchConfig("detspec_torch_coins", "DETSPEC_EAGLE, verify coins in SGLang's torch ops", "DETSPEC_EAGLE", False,
                 True, False, opt_in=True, env=(("SGLANG_DETSPEC_VERIFY_COINS_KERNEL", "0"),)),
     # DETSPEC_EAGLE with the target's verify attention in the split-KV decode kernel's order
-    # (SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1, issue 32) instead of SGLang's one-stage extend kernel. Opt-in.
+    # (SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1, issue 32) instead of the plugin's split-KV verify kernel. Opt-in.
     BenchConfig("detspec_decode_verify", "DETSPEC_EAGLE, verify attention in the decode kernel's order",
                 "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", "1"),)),
-    # DETSPEC_EAGLE with the target's verify attention in the plugin's split-KV verify kernel
-    # (SGLANG_DETSPEC_SPLIT_KV_VERIFY=1, issue 32) instead of SGLang's one-stage extend kernel. Opt-in.
-    BenchConfig("detspec_split_kv_verify", "DETSPEC_EAGLE, verify attention in the plugin's split-KV kernel",
-                "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "1"),)),
+    # DETSPEC_EAGLE with the target's verify attention in SGLang's one-stage extend kernel
+    # (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0, issue 32): what the default split-KV verify kernel gains. Opt-in.
+    BenchConfig("detspec_one_stage_verify", "DETSPEC_EAGLE, verify attention in SGLang's one-stage extend kernel",
+                "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "0"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
     # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
     BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",

@@ -1,4 +1,5 @@
-"""The target's verify attention in the plugin's split-KV verify kernel (``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1``).
+"""The target's verify attention in the plugin's split-KV verify kernel (the default where it can serve the model;
+``SGLANG_DETSPEC_SPLIT_KV_VERIFY``, :mod:`..setup.split_kv_verify_switch`).
 
 Why
 ---
@@ -23,6 +24,12 @@ captured) two methods are wrapped:
 The verified chain is a topk-1 chain (the plugin refuses other topk), so upstream's custom mask is causal over the
 drafts, which the kernel applies without reading the mask.
 
+What it cannot serve (:func:`split_kv_verify_blocker`: a non-Triton or non-deterministic backend, multi-head latent
+attention, sliding windows, decode context parallelism, pages > 1, a quantised KV cache) keeps SGLang's kernel by
+default, said in the log, and is refused under ``=1``. A layer found at its first verify to use what the kernel does
+not apply (attention sinks, a score_mod, ...) runs SGLang's kernel by default (a property of the layer, so the same
+choice at every verify of any batch) and is refused under ``=1``.
+
 CUDA graphs
 -----------
 Under capture the kernel's scratch is the backend's own CUDA-graph decode buffers (``cuda_graph_attn_logits`` /
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Any, List
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -44,43 +51,64 @@ from sglang_detspec.kernels.split_kv_verify_attention import max_splits_for, spl
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["install_split_kv_verify", "INSTALLED_LOG"]
+__all__ = ["install_split_kv_verify", "split_kv_verify_blocker", "INSTALLED_LOG", "NOT_INSTALLED_LOG"]
 
 #: What the server log says once the kernel is installed (the E2E tests look for it).
 INSTALLED_LOG = "the verify runs its attention in the split-KV verify kernel"
+#: What it says when the default keeps SGLang's kernel, followed by the reason.
+NOT_INSTALLED_LOG = "the verify runs its attention in SGLang's one-stage extend kernel"
 _ORIGINALS_ATTR = "_detspec_split_kv_verify_originals"
 _VERIFY_BATCH_ATTR = "_detspec_split_kv_verify_batch"
-_FIX = "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY"
+_REQUIRED_ATTR = "_detspec_split_kv_verify_required"
+_WARNED_ATTR = "_detspec_split_kv_verify_warned"
+_FIX = "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY (SGLang's kernel where the split-KV kernel cannot serve) or set it to 0"
+_ASKED_BY = {True: "asked for by SGLANG_DETSPEC_SPLIT_KV_VERIFY=1",
+             False: "the default; SGLANG_DETSPEC_SPLIT_KV_VERIFY=0 turns it off"}
 
 
-def _refusal(why: str, fix: str) -> RuntimeError:
-    return RuntimeError(
-        f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve this model's verify: {why}. {fix}, or {_FIX}."
-    )
+def _refusal(why: str, fix: Optional[str]) -> RuntimeError:
+    way_out = f"{fix}, or {_FIX}" if fix else _FIX[0].upper() + _FIX[1:]
+    return RuntimeError(f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve this model's verify: {why}. {way_out}.")
 
 
-def _check_backend(backend: Any) -> None:
+def _backend_blocker(backend: Any) -> Optional[Tuple[str, Optional[str]]]:
+    """Why the kernel cannot serve ``backend``'s verify and a flag that would let it (or None), or None."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     if not isinstance(backend, TritonAttnBackend):
-        raise _refusal(f"the target model runs on {type(backend).__name__}, and the kernel replaces the Triton "
-                       "backend's verify kernel", "Pass --attention-backend triton")
+        return (f"the target model runs on {type(backend).__name__}, and the kernel replaces the Triton backend's "
+                "verify kernel", "Pass --attention-backend triton")
     if not getattr(backend, "enable_deterministic", False) or getattr(backend, "split_tile_size", None) is None:
-        raise _refusal("the Triton backend is not in deterministic mode (no fixed key tile)",
-                       "Pass --enable-deterministic-inference")
+        return ("the Triton backend is not in deterministic mode (no fixed key tile)",
+                "Pass --enable-deterministic-inference")
     if not callable(getattr(backend, "extend_attention_fwd_unified", None)):
         raise RuntimeError("sglang-detspec: this SGLang's Triton backend has no extend_attention_fwd_unified, which "
-                           f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 replaces; {_FIX} (sglang-detspec needs updating)")
+                           f"the split-KV verify replaces; {_FIX} (sglang-detspec needs updating)")
     if getattr(backend, "use_mla", False):
-        raise _refusal("the model uses multi-head latent attention, whose 576-wide keys the kernel is not tuned or "
-                       "tested for", "Serve it without the variable")
+        return ("the model uses multi-head latent attention, whose 576-wide keys the kernel is not tuned or tested "
+                "for", None)
     if (getattr(backend, "sliding_window_size", None) or 0) > 0:
-        raise _refusal("the model has sliding-window layers", "Serve it without the variable")
+        return "the model has sliding-window layers", None
     if getattr(backend, "dcp_size", 1) != 1:
-        raise _refusal("decode context parallelism shards the keys per rank", "Drop --dcp-size")
+        return "decode context parallelism shards the keys per rank", "Drop --dcp-size"
     if int(getattr(backend, "page_size", 1) or 1) != 1:
-        raise _refusal(f"the KV cache has pages of {backend.page_size} tokens, and the kernel reads token slots",
-                       "Pass --page-size 1")
+        return (f"the KV cache has pages of {backend.page_size} tokens, and the kernel reads token slots",
+                "Pass --page-size 1")
+    return None
+
+
+def split_kv_verify_blocker(model_runner: Any, backends: List[Any]) -> Optional[Tuple[str, Optional[str]]]:
+    """Why the split-KV verify kernel cannot serve ``model_runner``'s verify on ``backends`` (its attention backends)
+    and a flag that would let it (or None), or None when it can."""
+    kv_dtype = getattr(model_runner, "kv_cache_dtype", None)
+    if isinstance(kv_dtype, torch.dtype) and kv_dtype not in (torch.float16, torch.bfloat16):
+        return (f"the KV cache holds {kv_dtype}, and the kernel reads float16 / bfloat16 keys and values",
+                "Drop --kv-cache-dtype")
+    for backend in backends:
+        blocker = _backend_blocker(backend)
+        if blocker is not None:
+            return blocker
+    return None
 
 
 def _forward_extend(self: Any, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -123,8 +151,20 @@ def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, k
         ("an xai temperature", (xai_temperature_len or 0) > 0), ("pages", int(page_size or 1) != 1),
         ("non-causal attention", not is_causal)) if used]
     if unsupported:
-        raise _refusal(f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply",
-                       "Serve this model without the variable")
+        why = f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply"
+        if self.__dict__[_REQUIRED_ATTR]:
+            raise _refusal(why, None)
+        # The default: SGLang's kernel for such a layer. What is unsupported is the layer's own (its window, sinks,
+        # mask kind), the same at every verify whatever the batch, so the choice never changes a layer's numbers.
+        if why not in self.__dict__.setdefault(_WARNED_ATTR, set()):
+            self.__dict__[_WARNED_ATTR].add(why)
+            logger.warning("sglang-detspec: %s for every layer where %s", NOT_INSTALLED_LOG, why)
+        return self.__dict__[_ORIGINALS_ATTR][1](
+            q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens, max_len_extend,
+            custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, logit_cap=logit_cap,
+            is_causal=is_causal, sliding_window_size=sliding_window_size, sinks=sinks,
+            window_start_pos=window_start_pos, xai_temperature_len=xai_temperature_len, page_size=page_size,
+            score_mod=score_mod, aux_tensors=aux_tensors)
     batch = prefix_lens.shape[0]
     tokens, heads, v_dim = q.shape[0], q.shape[1], v_buffer.shape[-1]
     split = int(self.split_tile_size)
@@ -146,27 +186,30 @@ def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, k
     return o
 
 
-def install_split_kv_verify(model_runner: Any) -> List[Any]:
+def install_split_kv_verify(model_runner: Any, required: bool) -> List[Any]:
     """Run every verify attention of ``model_runner`` in the split-KV verify kernel; return the patched backends.
 
-    Call it after the target's attention backends exist and before its CUDA graphs are captured. Idempotent.
-    Refuses (``RuntimeError`` naming the variable and the way out) a backend whose verify it cannot serve.
+    Call it after the target's attention backends exist and before its CUDA graphs are captured. Idempotent. A model
+    the kernel cannot serve (:func:`split_kv_verify_blocker`) is refused (``RuntimeError`` naming the variable and
+    the way out) when ``required`` (``=1``), and otherwise keeps SGLang's kernel, said in the log (returns ``[]``).
     """
     backends = verify_backends(model_runner)
     if not backends:
         raise RuntimeError("sglang-detspec: the target model runner has no attention backend yet; the split-KV verify "
                            "must be installed after init_attention_backends (sglang-detspec needs updating)")
-    kv_dtype = getattr(model_runner, "kv_cache_dtype", None)
-    if isinstance(kv_dtype, torch.dtype) and kv_dtype not in (torch.float16, torch.bfloat16):
-        raise _refusal(f"the KV cache holds {kv_dtype}, and the kernel reads float16 / bfloat16 keys and values",
-                       "Drop --kv-cache-dtype")
-    for backend in backends:
-        _check_backend(backend)
+    blocker = split_kv_verify_blocker(model_runner, backends)
+    if blocker is not None:
+        if required:
+            raise _refusal(*blocker)
+        logger.info("sglang-detspec: %s: %s (the split-KV verify kernel cannot serve it)", NOT_INSTALLED_LOG,
+                    blocker[0])
+        return []
     for backend in backends:
         if _ORIGINALS_ATTR not in backend.__dict__:
             backend.__dict__[_ORIGINALS_ATTR] = (backend.forward_extend, backend.extend_attention_fwd_unified)
             backend.forward_extend = types.MethodType(_forward_extend, backend)
             backend.extend_attention_fwd_unified = types.MethodType(_unified, backend)
-    logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; asked for by "
-                "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1)", INSTALLED_LOG, len(backends), backends[0].split_tile_size)
+        backend.__dict__[_REQUIRED_ATTR] = required
+    logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; %s)", INSTALLED_LOG, len(backends),
+                backends[0].split_tile_size, _ASKED_BY[required])
     return backends

@@ -352,7 +352,8 @@ REFUSALS: Dict[str, Refusal] = {
         "it chooses whether a DETSPEC_EAGLE verify runs its attention in the plugin's split-KV verify kernel or in "
         "SGLang's one-stage extend kernel (other numbers, so other tokens for a seed), and a typo read as a default "
         "would serve another configuration than the environment names",
-        "Use '1' (the split-KV verify kernel) or '0' / unset (SGLang's extend kernel, the default).",
+        "Use '1' (the split-KV verify kernel, or a refusal where it cannot serve the model), '0' (SGLang's extend "
+        "kernel) or unset (the split-KV kernel wherever it can serve the model, the default).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
     "split_kv_verify_with_decode_order": Refusal(
@@ -365,7 +366,8 @@ REFUSALS: Dict[str, Refusal] = {
         "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1",
         "its verify attention must run in the decode kernel's order to emit the non-speculative server's tokens, and "
         "the split-KV verify kernel sums in another order",
-        "Unset SGLANG_DETSPEC_SPLIT_KV_VERIFY, or use --speculative-algorithm {rejection_name}.",
+        "Unset SGLANG_DETSPEC_SPLIT_KV_VERIFY (the invariant algorithms keep the decode order), or use "
+        "--speculative-algorithm {rejection_name}.",
     ),
 }
 

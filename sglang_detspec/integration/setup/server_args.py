@@ -108,8 +108,8 @@ from typing import Any, Optional
 from sglang_detspec.algorithm_names import DETSPEC_TWINS
 from sglang_detspec.integration import compat
 from sglang_detspec.integration.sampling import scheme
+from sglang_detspec.integration.setup import split_kv_verify_switch
 from sglang_detspec.integration.setup.refusals import refuse
-from sglang_detspec.integration.setup.split_kv_verify_switch import split_kv_verify_wanted
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,8 @@ def _refuse_unsupported_inputs(server_args: Any, name: str) -> None:
         # DETSPEC_EAGLE through the same hot-vocabulary path as an EAGLE3 d2t map (the draft worker runs
         # check_draft_vocab); the invariant mode's race over it has never run on a GPU.
         raise refuse("token_map_invariant", name, token_map=token_map)
-    if scheme.scheme_for_algorithm(name) == scheme.COUPLED and split_kv_verify_wanted():
+    split_kv_verify = split_kv_verify_switch.split_kv_verify_setting()
+    if scheme.scheme_for_algorithm(name) == scheme.COUPLED and split_kv_verify == split_kv_verify_switch.ON:
         raise refuse("split_kv_verify_invariant", name, rejection_name=name[: -len(scheme.INVARIANT_SUFFIX)])
     if _flag(server_args, "speculative_use_block_verification", False):
         raise refuse("block_verification", name)

@@ -8,9 +8,9 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
   sampler, the class checks and every rebound body built now, so a renamed upstream name fails the launch.
 * ``init_attention_backends``: upstream's, then -- under the coupled scheme, or with
   ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1`` -- the target's verify attention in decode order
-  (:mod:`..sampling.verify_attention`), or with ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1`` in the split-KV verify kernel
-  (:mod:`..sampling.split_kv_verify`). The scheduler builds the target's backends first, then calls
-  this, then captures every CUDA graph: the one moment that switch can be made.
+  (:mod:`..sampling.verify_attention`), else in the split-KV verify kernel where it can serve the model, unless
+  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` (:mod:`..sampling.split_kv_verify`). The scheduler builds the target's
+  backends first, then calls this, then captures every CUDA graph: the one moment that switch can be made.
 * ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
   draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins keep
   SGLang's values: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
@@ -20,19 +20,24 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
 
 from __future__ import annotations
 
+import logging
+
 from sglang_detspec.integration.sampling import scheme
+from sglang_detspec.integration.sampling.split_kv_verify import NOT_INSTALLED_LOG as SPLIT_KV_NOT_INSTALLED_LOG
 from sglang_detspec.integration.sampling.split_kv_verify import install_split_kv_verify
 from sglang_detspec.integration.sampling.verify import rebound_verify, reduced_draft_vocab
 from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
+from sglang_detspec.integration.setup import split_kv_verify_switch
 from sglang_detspec.integration.setup.decode_order_verify_switch import (
     DECODE_ORDER_VERIFY_ENV,
     decode_order_verify_wanted,
 )
-from sglang_detspec.integration.setup.split_kv_verify_switch import split_kv_verify_wanted
 from sglang_detspec.integration.upstream_code import ReboundMethods
 from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
 
 __all__ = ["DetspecSpecWorker"]
+
+logger = logging.getLogger(__name__)
 
 #: Who asks for the decode-order verify when the scheme is rejection sampling (named in its refusals).
 DECODE_ORDER_VERIFY_REQUEST = (f"{DECODE_ORDER_VERIFY_ENV}=1", f"unset {DECODE_ORDER_VERIFY_ENV}")
@@ -68,8 +73,12 @@ class DetspecSpecWorker:
             install_decode_order_verify(self.target_worker.model_runner)
         elif decode_order_verify_wanted():
             install_decode_order_verify(self.target_worker.model_runner, request=DECODE_ORDER_VERIFY_REQUEST)
-        elif split_kv_verify_wanted():
-            install_split_kv_verify(self.target_worker.model_runner)
+        else:
+            setting = split_kv_verify_switch.split_kv_verify_setting()
+            if setting == split_kv_verify_switch.OFF:
+                logger.info("sglang-detspec: %s (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)", SPLIT_KV_NOT_INSTALLED_LOG)
+            else:
+                install_split_kv_verify(self.target_worker.model_runner, required=setting == split_kv_verify_switch.ON)
 
     def verify(self, *args, **kwargs):
         # A reduced-vocabulary draft's q is read through its hot map (None for the multi-layer worker, which has none).

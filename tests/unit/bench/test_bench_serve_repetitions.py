@@ -116,6 +116,15 @@ def test_the_split_k_configuration_turns_the_splits_off_and_detspec_keeps_them()
     assert gemm_split_k_wanted(dict(cfgs.config_by_name("detspec").env)) is True
 
 
+def test_the_one_stage_verify_configuration_turns_the_split_kv_kernel_off_and_detspec_keeps_the_default():
+    from sglang_detspec.integration.setup.split_kv_verify_switch import AUTO, OFF, split_kv_verify_setting
+
+    one_stage = cfgs.config_by_name("detspec_one_stage_verify")
+    assert one_stage.algorithm == "DETSPEC_EAGLE" and one_stage.opt_in and "detspec_one_stage_verify" in results.SUBJECTS
+    assert split_kv_verify_setting(dict(one_stage.env)) == OFF
+    assert split_kv_verify_setting(dict(cfgs.config_by_name("detspec").env)) == AUTO
+
+
 def test_the_llama8b_pair_has_llama_3_8b_shapes():
     parser = cli.build_parser()
     from sglang_detspec.bench import serving_bench

@@ -18,15 +18,14 @@ MODULES = {
 }
 
 
-@pytest.mark.parametrize("which", list(MODULES))
-def test_the_needles_are_what_the_install_logs(monkeypatch, caplog, which):
+def _install_log(monkeypatch, caplog, environ):
+    """The log of DETSPEC_EAGLE's spec worker installing its verify attention with ``environ`` set."""
     pytest.importorskip("sglang.srt.layers.attention.triton_backend")
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     from sglang_detspec.integration.sampling import scheme
     from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 
-    module, _, variable = MODULES[which]
     backend = object.__new__(TritonAttnBackend)
     backend.__dict__.update(enable_deterministic=True, split_tile_size=256, sliding_window_size=None, dcp_size=1,
                             kv_index_translator=None, _translate_kv_loc=None, page_size=1, use_mla=False,
@@ -40,13 +39,31 @@ def test_the_needles_are_what_the_install_logs(monkeypatch, caplog, which):
     worker.target_worker = types.SimpleNamespace(model_runner=runner)
     for _, _, other in MODULES.values():
         monkeypatch.delenv(other, raising=False)
-    monkeypatch.setenv(variable, "1")
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
     caplog.set_level("INFO")
     with scheme.selected(scheme.REJECTION):
         worker.init_attention_backends()
-    assert module.INSTALLED in caplog.text and module.ASKED_BY in caplog.text
+    return caplog.text
+
+
+@pytest.mark.parametrize("which", list(MODULES))
+def test_the_needles_are_what_the_install_logs(monkeypatch, caplog, which):
+    module, _, variable = MODULES[which]
+    log = _install_log(monkeypatch, caplog, {variable: "1"})
+    assert module.INSTALLED in log and module.ASKED_BY in log
     other_module = MODULES["split_kv" if which == "decode_order" else "decode_order"][0]
-    assert other_module.INSTALLED not in caplog.text
+    assert other_module.INSTALLED not in log
+
+
+@pytest.mark.parametrize("value, present, absent", [
+    ("", ("INSTALLED", "BY_DEFAULT"), ("ASKED_BY", "NOT_INSTALLED")),
+    ("0", ("NOT_INSTALLED",), ("INSTALLED", "BY_DEFAULT")),
+])
+def test_the_split_kv_default_and_off_needles_are_what_the_install_logs(monkeypatch, caplog, value, present, absent):
+    log = _install_log(monkeypatch, caplog, {"SGLANG_DETSPEC_SPLIT_KV_VERIFY": value})
+    assert all(getattr(split_kv, needle) in log for needle in present), log
+    assert not any(getattr(split_kv, needle) in log for needle in absent), log
 
 
 @pytest.mark.parametrize("which", list(MODULES))
@@ -61,7 +78,17 @@ def test_the_servers_are_the_plain_ones_with_the_switch(monkeypatch, which):
     assert [a for a in specs["detspec_eagle_graph"].args if a not in ("--chat-template", "chatml")] == specs[graph].args
     for name in servers:
         assert dict(specs[name].env) == {variable: "1"}
-    assert variable not in dict(specs[module.DEFAULT].env or {})
+    assert variable not in dict(specs["detspec_eagle_graph"].env or {})
+    assert variable not in dict(specs[module.CONTROL].env or {})
+
+
+def test_the_one_stage_server_is_the_default_one_with_the_kernel_off(monkeypatch):
+    pytest.importorskip("sglang")
+    import e2e_harness as h
+
+    specs = session_specs(h, monkeypatch)
+    assert specs[split_kv.ONE_STAGE].args == specs[split_kv.SPLIT_KV[0]].args
+    assert dict(specs[split_kv.ONE_STAGE].env) == {"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "0"}
 
 
 def test_the_harness_names_the_plugins_variables():

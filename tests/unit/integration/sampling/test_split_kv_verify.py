@@ -1,5 +1,6 @@
-"""``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1``: the split-KV verify kernel inside SGLang's real Triton backend (CPU, Triton
-interpreter, SGLang's own ``forward_extend`` and one-stage extend kernel).
+"""The split-KV verify kernel inside SGLang's real Triton backend (CPU, Triton interpreter, SGLang's own
+``forward_extend`` and one-stage extend kernel), and ``SGLANG_DETSPEC_SPLIT_KV_VERIFY`` (default: the kernel where it
+can serve the model; ``1``: the kernel or a refusal; ``0``: SGLang's kernel).
 
 A verify forward of a topk-1 chain through upstream's ``forward_extend`` in deterministic mode, first as upstream runs
 it (its unified kernel with the chain's custom mask), then with the kernel installed: the outputs must agree to
@@ -93,9 +94,12 @@ def _verify_forward(scene, backend, hide_own_key=False):
     return backend.forward_extend(scene["q"], scene["k"], scene["v"], _layer(0), batch)
 
 
-def _install(backend):
-    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
-    return split_kv_verify.install_split_kv_verify(runner)
+def _runner(backend, **extra):
+    return types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[], **extra)
+
+
+def _install(backend, required=True):
+    return split_kv_verify.install_split_kv_verify(_runner(backend), required=required)
 
 
 #: (prefix lens, request pool rows): prefixes spanning several 16-key tiles, out of pool order; one request alone.
@@ -166,74 +170,154 @@ def test_outside_a_verify_the_unified_kernel_is_upstreams(scene):
     assert len(calls) == 1 and calls[0][0] == tuple(range(11)) and calls[0][1]["custom_mask"] == "mask"
 
 
-@pytest.mark.parametrize(
-    "change, words",
-    [
-        (dict(enable_deterministic=False), "--enable-deterministic-inference"),
-        (dict(use_mla=True), "multi-head latent attention"),
-        (dict(sliding_window_size=4), "sliding-window"),
-        (dict(page_size=16), "--page-size 1"),
-        (dict(dcp_size=2), "--dcp-size"),
-    ],
-)
-def test_refuses_backends_it_cannot_serve(scene, change, words):
+#: What the kernel cannot serve, and the words its refusal (and the default's log line) must hold.
+BLOCKERS = [
+    (dict(enable_deterministic=False), "--enable-deterministic-inference"),
+    (dict(use_mla=True), "multi-head latent attention"),
+    (dict(sliding_window_size=4), "sliding-window"),
+    (dict(page_size=16), "--page-size 1"),
+    (dict(dcp_size=2), "--dcp-size"),
+]
+WAY_OUT = "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY (SGLang's kernel where the split-KV kernel cannot serve) or set it to 0."
+
+
+@pytest.mark.parametrize("change, words", BLOCKERS)
+def test_asked_for_it_refuses_backends_it_cannot_serve(scene, change, words):
     backend = _real_backend(scene["pool"], scene["req_to_token"])
     backend.__dict__.update(change)
     with pytest.raises(RuntimeError, match=words) as refused:
         _install(backend)
     assert "forward_extend" not in backend.__dict__
     assert str(refused.value).startswith("SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve")
-    assert str(refused.value).endswith("or unset SGLANG_DETSPEC_SPLIT_KV_VERIFY.")
+    assert str(refused.value).lower().endswith(WAY_OUT.lower())
 
 
-def test_refuses_a_quantised_kv_cache(scene):
+@pytest.mark.parametrize("change, words", BLOCKERS)
+def test_by_default_backends_it_cannot_serve_keep_sglangs_kernel_and_the_log_says_why(scene, change, words, caplog):
     backend = _real_backend(scene["pool"], scene["req_to_token"])
-    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[],
-                                   kv_cache_dtype=torch.float8_e4m3fn)
+    backend.__dict__.update(change)
+    with caplog.at_level("INFO", logger=split_kv_verify.__name__):
+        assert _install(backend, required=False) == []
+    assert "forward_extend" not in backend.__dict__
+    words = words.removeprefix("--")
+    assert any(split_kv_verify.NOT_INSTALLED_LOG in r.message for r in caplog.records), caplog.text
+    if "deterministic" not in words and "page-size" not in words and "dcp" not in words:
+        assert words in caplog.text
+
+
+def test_by_default_a_servable_backend_gets_the_kernel_and_the_log_says_so(scene, caplog):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    with caplog.at_level("INFO", logger=split_kv_verify.__name__):
+        assert _install(backend, required=False) == [backend]
+    assert split_kv_verify.INSTALLED_LOG in caplog.text and "SGLANG_DETSPEC_SPLIT_KV_VERIFY=0 turns it off" in caplog.text
+
+
+def test_refuses_a_quantised_kv_cache_when_asked_and_keeps_sglangs_kernel_by_default(scene):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    runner = _runner(backend, kv_cache_dtype=torch.float8_e4m3fn)
     with pytest.raises(RuntimeError, match="holds torch.float8_e4m3fn.*Drop --kv-cache-dtype"):
-        split_kv_verify.install_split_kv_verify(runner)
+        split_kv_verify.install_split_kv_verify(runner, required=True)
+    assert split_kv_verify.install_split_kv_verify(runner, required=False) == []
     assert "forward_extend" not in backend.__dict__
     runner.kv_cache_dtype = torch.bfloat16
-    assert split_kv_verify.install_split_kv_verify(runner) == [backend]
+    assert split_kv_verify.install_split_kv_verify(runner, required=True) == [backend]
 
 
 def test_refuses_a_non_triton_backend():
     runner = types.SimpleNamespace(attn_backend=object(), decode_attn_backend=None, decode_attn_backend_group=[])
     with pytest.raises(RuntimeError, match="--attention-backend triton"):
-        split_kv_verify.install_split_kv_verify(runner)
+        split_kv_verify.install_split_kv_verify(runner, required=True)
+    assert split_kv_verify.install_split_kv_verify(runner, required=False) == []
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_verify_layer_with_what_the_kernel_does_not_apply(scene, required, monkeypatch):
+    """Attention sinks are seen only when a layer's verify runs: refused when asked for; by default that layer runs
+    SGLang's kernel at every verify, and a layer without them still runs the plugin's."""
+    backend = _real_backend(scene["pool"].clone(), scene["req_to_token"])
+    calls = []
+    backend.extend_attention_fwd_unified = lambda *args, **kwargs: calls.append(kwargs["sinks"])
+    _install(backend, required=required)
+    backend.__dict__[split_kv_verify._VERIFY_BATCH_ATTR] = types.SimpleNamespace()  # a verify forward is running
+    if required:
+        with pytest.raises(RuntimeError, match="attention sinks"):
+            backend.extend_attention_fwd_unified(*range(11), sinks="sinks")
+        assert calls == []
+    else:
+        backend.extend_attention_fwd_unified(*range(11), sinks="sinks")
+        backend.extend_attention_fwd_unified(*range(11), sinks="sinks")
+        assert calls == ["sinks", "sinks"]
+        ran = []
+        monkeypatch.setattr(split_kv_verify, "split_kv_verify_attention", lambda *args, **kwargs: ran.append(1))
+        verify = _verify_forward(scene, backend)  # a layer without sinks: the plugin's kernel
+        assert ran and calls == ["sinks", "sinks"] and verify is not None
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The switch: strict values, never beside the decode-order verify, never under the invariant algorithms
 
 
-def test_the_switch_is_strict_and_excludes_the_decode_order_verify():
-    from sglang_detspec.integration.setup.split_kv_verify_switch import split_kv_verify_wanted
+def test_the_switch_is_strict_and_yields_to_the_decode_order_verify():
+    from sglang_detspec.integration.setup.split_kv_verify_switch import AUTO, OFF, ON, split_kv_verify_setting
 
-    assert split_kv_verify_wanted({}) is False
-    assert split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "0"}) is False
-    assert split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1"}) is True
+    assert split_kv_verify_setting({}) == AUTO
+    assert split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": ""}) == AUTO
+    assert split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "0"}) == OFF
+    assert split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1"}) == ON
+    assert split_kv_verify_setting({"SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"}) == OFF
     with pytest.raises(Exception, match="SGLANG_DETSPEC_SPLIT_KV_VERIFY='on'.*Use '1'"):
-        split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "on"})
+        split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "on"})
     with pytest.raises(Exception, match="cannot be combined: both replace the verify's attention kernel"):
-        split_kv_verify_wanted({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1", "SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"})
+        split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1", "SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"})
 
 
-@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", False)])
-def test_detspec_eagle_installs_the_kernel_only_when_asked(scene, monkeypatch, value, installed):
-    from sglang_detspec.integration.sampling import scheme
+def _worker_with(backend):
     from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
-
-    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
-    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
-    backend = _real_backend(scene["pool"], scene["req_to_token"])
 
     class Worker(DetspecSpecWorker, type("Upstream", (), {"init_attention_backends": lambda self: None})):
         pass
 
     worker = object.__new__(Worker)
-    runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
-    worker.target_worker = types.SimpleNamespace(model_runner=runner)
+    worker.target_worker = types.SimpleNamespace(model_runner=_runner(backend))
+    return worker
+
+
+@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", True)])
+def test_detspec_eagle_installs_the_kernel_unless_turned_off(scene, monkeypatch, value, installed):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
     with scheme.selected(scheme.REJECTION):
-        worker.init_attention_backends()
+        _worker_with(backend).init_attention_backends()
     assert (split_kv_verify._ORIGINALS_ATTR in backend.__dict__) is installed
+
+
+@pytest.mark.parametrize("value", ["1", ""])
+def test_detspec_eagle_on_mla_is_refused_when_asked_and_served_by_default(scene, monkeypatch, value):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    backend.use_mla = True
+    with scheme.selected(scheme.REJECTION):
+        if value == "1":
+            with pytest.raises(RuntimeError, match="multi-head latent attention"):
+                _worker_with(backend).init_attention_backends()
+        else:
+            _worker_with(backend).init_attention_backends()
+    assert split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
+
+
+def test_the_decode_order_verify_wins_over_the_default(scene, monkeypatch):
+    from sglang_detspec.integration.sampling import scheme, verify_attention
+
+    monkeypatch.delenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", raising=False)
+    monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", "1")
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    with scheme.selected(scheme.REJECTION):
+        _worker_with(backend).init_attention_backends()
+    assert split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
+    assert verify_attention._PATCHED_ATTR in backend.__dict__
