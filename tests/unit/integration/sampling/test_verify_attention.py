@@ -260,6 +260,7 @@ def test_detspec_eagle_installs_the_decode_order_verify_only_when_asked(scene, m
     from sglang_detspec.integration.sampling import scheme
 
     monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", value)
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "0")  # else the default's split-KV kernel takes the verify
     backend = _backend(scene["pool"], scene["req_to_token"])
     worker = _spec_worker(backend)
     with scheme.selected(scheme.REJECTION):
