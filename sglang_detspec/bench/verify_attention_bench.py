@@ -4,8 +4,9 @@ For each pair shape (mid-size: 16 query / 8 KV heads, 16 layers; Llama-3-8B: 32 
 bfloat16), batch and context, one verify of a topk-1 chain of ``steps + 1`` tokens per request runs through:
 
 * ``split_kv``: :func:`sglang_detspec.kernels.split_kv_verify_attention.split_kv_verify_attention` (256-key tiles,
-  SGLang's default ``SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE``);
-* ``unified``: SGLang's deterministic one-stage extend kernel with the chain's custom mask (what DETSPEC_EAGLE runs);
+  SGLang's default ``SGLANG_TRITON_DECODE_SPLIT_TILE_SIZE``; what DETSPEC_EAGLE runs by default);
+* ``unified``: SGLang's deterministic one-stage extend kernel with the chain's custom mask (DETSPEC_EAGLE with
+  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` or on a model the split-KV kernel cannot serve);
 * ``two_stage``: SGLang's non-deterministic extend kernel (what built-in EAGLE + rejection sampling runs).
 
 Times are per model step (all layers), from CUDA-graph replays of one call per layer; the layers cycle over enough

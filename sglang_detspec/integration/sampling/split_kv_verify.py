@@ -133,32 +133,32 @@ def _scratch(backend: Any, tokens: int, heads: int, v_dim: int, max_splits: int,
             torch.empty(tokens, heads, max_splits, dtype=torch.float32, device=device))
 
 
+def _keeps_sglangs_kernel(backend: Any, unsupported: List[str]) -> bool:
+    """Whether a verify layer using ``unsupported`` (what the kernel does not apply) runs SGLang's kernel: no when the
+    list is empty; yes by default, warned once; refused under ``=1``. What is unsupported is the layer's own (its
+    window, sinks, mask kind), the same at every verify whatever the batch, so the choice never changes its numbers."""
+    if not unsupported:
+        return False
+    why = f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply"
+    if backend.__dict__[_REQUIRED_ATTR]:
+        raise _refusal(why, None)
+    if why not in backend.__dict__.setdefault(_WARNED_ATTR, set()):
+        backend.__dict__[_WARNED_ATTR].add(why)
+        logger.warning("sglang-detspec: %s for every layer where %s", NOT_INSTALLED_LOG, why)
+    return True
+
+
 def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens,
              max_len_extend, custom_mask=None, mask_indptr=None, sm_scale=None, logit_cap=0.0, is_causal=True,
              sliding_window_size=-1, sinks=None, window_start_pos=None, xai_temperature_len=-1, page_size=1,
              score_mod=None, aux_tensors=None):
     forward_batch = self.__dict__.get(_VERIFY_BATCH_ATTR)
-    if forward_batch is None:
-        return self.__dict__[_ORIGINALS_ATTR][1](
-            q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens, max_len_extend,
-            custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, logit_cap=logit_cap,
-            is_causal=is_causal, sliding_window_size=sliding_window_size, sinks=sinks,
-            window_start_pos=window_start_pos, xai_temperature_len=xai_temperature_len, page_size=page_size,
-            score_mod=score_mod, aux_tensors=aux_tensors)
-    unsupported = [name for name, used in (
+    if forward_batch is None or _keeps_sglangs_kernel(self, [name for name, used in (
         ("a sliding window", sliding_window_size is not None and sliding_window_size > 0),
         ("attention sinks", sinks is not None), ("a score_mod", score_mod is not None),
         ("an xai temperature", (xai_temperature_len or 0) > 0), ("pages", int(page_size or 1) != 1),
-        ("non-causal attention", not is_causal)) if used]
-    if unsupported:
-        why = f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply"
-        if self.__dict__[_REQUIRED_ATTR]:
-            raise _refusal(why, None)
-        # The default: SGLang's kernel for such a layer. What is unsupported is the layer's own (its window, sinks,
-        # mask kind), the same at every verify whatever the batch, so the choice never changes a layer's numbers.
-        if why not in self.__dict__.setdefault(_WARNED_ATTR, set()):
-            self.__dict__[_WARNED_ATTR].add(why)
-            logger.warning("sglang-detspec: %s for every layer where %s", NOT_INSTALLED_LOG, why)
+        ("non-causal attention", not is_causal),
+    ) if used]):
         return self.__dict__[_ORIGINALS_ATTR][1](
             q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens, max_len_extend,
             custom_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, logit_cap=logit_cap,
