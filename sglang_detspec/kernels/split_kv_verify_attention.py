@@ -158,7 +158,8 @@ def _merge_kernel(
         e_max = -float("inf")
         e_sum = 0.0
         acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-        # Tile 0 holds key 0, which every query token sees, so e_max is finite from the first step on.
+        # Tile 0 holds key 0, which every query token sees, so e_max is finite from the first step on (a request
+        # with no keys has no tiles).
         for s in range(0, tiles):
             part = tl.load(Part_O + t * stride_pot + head * stride_poh + s * stride_pos + offs_dv, mask=mask_dv,
                            other=0.0)
@@ -169,8 +170,9 @@ def _merge_kernel(
             acc = acc * old_scale + weight * part
             e_sum = e_sum * old_scale + weight
             e_max = new_max
-        tl.store(Out + t * stride_ot + head * stride_oh + offs_dv, (acc / e_sum * v_scale).to(Out.dtype.element_ty),
-                 mask=mask_dv)
+        # A padded row of a CUDA-graph batch may have no keys: zeros, not 0 / 0.
+        out = tl.where(e_sum > 0, acc / tl.where(e_sum > 0, e_sum, 1.0) * v_scale, 0.0)
+        tl.store(Out + t * stride_ot + head * stride_oh + offs_dv, out.to(Out.dtype.element_ty), mask=mask_dv)
 
 
 def _validate(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, prefix_lens, partial_out, partial_lse,

@@ -1,5 +1,5 @@
-"""The target's verify attention in the plugin's split-KV verify kernel (the default where it can serve the model;
-``SGLANG_DETSPEC_SPLIT_KV_VERIFY``, :mod:`..setup.split_kv_verify_switch`).
+"""The target's verify attention and the draft's extend of the verified chain in the plugin's split-KV verify kernel
+(the default where it can serve the model; ``SGLANG_DETSPEC_SPLIT_KV_VERIFY``, :mod:`..setup.split_kv_verify_switch`).
 
 Why
 ---
@@ -10,19 +10,25 @@ built-in EAGLE + rejection sampling's kernel (docs/results.md, 2026-12-07 second
 :mod:`sglang_detspec.kernels.split_kv_verify_attention` computes the same attention split over fixed key tiles (the
 backend's ``split_tile_size``, 256 by default), so a request's numbers still depend on its own keys only.
 
+After each verify the draft model extends its cache over the same chain (``DRAFT_EXTEND_V2``: ``num_draft_tokens``
+query tokens per request, causal over its prefix, no custom mask), which under deterministic inference runs the same
+one-stage kernel on the draft's one layer (or its MTP layers); its numbers decide the next drafts, so it must be
+batch-invariant too, and the same kernel serves it.
+
 What
 ----
-On each of the target model runner's Triton backends (instance attributes, installed before any CUDA graph is
-captured) two methods are wrapped:
+On each of the target model runner's Triton backends, and on the draft worker's draft-extend backends (instance
+attributes, installed before any CUDA graph is captured), two methods are wrapped:
 
-* ``forward_extend`` notes the forward batch while a TARGET_VERIFY forward runs, then runs upstream's body, which
-  writes the verify tokens' K / V into the cache and builds the unified prefix + draft key indices as in every
-  release;
+* ``forward_extend`` notes the forward batch while a forward the backend serves runs (TARGET_VERIFY on the target's,
+  DRAFT_EXTEND_V2 on the draft's), then runs upstream's body, which writes the new tokens' K / V into the cache and
+  builds the unified prefix + chain key indices as in every release;
 * ``extend_attention_fwd_unified`` (the kernel upstream's body calls at its end) runs the split-KV verify kernel on
-  those indices while a verify batch is noted, and upstream's kernel otherwise (prefill, draft extend).
+  those indices while such a batch is noted, and upstream's kernel otherwise (prefill, the draft's first extend).
 
-The verified chain is a topk-1 chain (the plugin refuses other topk), so upstream's custom mask is causal over the
-drafts, which the kernel applies without reading the mask.
+The verified chain is a topk-1 chain (the plugin refuses other topk), so upstream's custom verify mask is causal over
+the drafts, which the kernel applies without reading the mask; a draft extend brings no mask (one would keep SGLang's
+kernel).
 
 What it cannot serve (:func:`split_kv_verify_blocker`: a non-Triton or non-deterministic backend, multi-head latent
 attention, sliding windows, decode context parallelism, pages > 1, a quantised KV cache) keeps SGLang's kernel by
@@ -51,13 +57,25 @@ from sglang_detspec.kernels.split_kv_verify_attention import max_splits_for, spl
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["install_split_kv_verify", "split_kv_verify_blocker", "INSTALLED_LOG", "NOT_INSTALLED_LOG"]
+__all__ = [
+    "install_split_kv_verify", "install_split_kv_draft_extend", "draft_extend_backends", "split_kv_verify_blocker",
+    "INSTALLED_LOG", "NOT_INSTALLED_LOG", "DRAFT_INSTALLED_LOG", "DRAFT_NOT_INSTALLED_LOG",
+]
 
 #: What the server log says once the kernel is installed (the E2E tests look for it).
 INSTALLED_LOG = "the verify runs its attention in the split-KV verify kernel"
 #: What it says when the default keeps SGLang's kernel, followed by the reason.
 NOT_INSTALLED_LOG = "the verify runs its attention in SGLang's one-stage extend kernel"
+#: The same two for the draft's extend of the verified chain.
+DRAFT_INSTALLED_LOG = "the draft extend runs its attention in the split-KV verify kernel"
+DRAFT_NOT_INSTALLED_LOG = "the draft extend runs its attention in SGLang's one-stage extend kernel"
+#: What a patched backend serves: the target's verifies or the draft's extends of the verified chain.
+VERIFY = "verify"
+DRAFT_EXTEND = "draft extend"
+_SERVED_MODE = {VERIFY: "is_target_verify", DRAFT_EXTEND: "is_draft_extend_v2"}
+_LOGS = {VERIFY: (INSTALLED_LOG, NOT_INSTALLED_LOG), DRAFT_EXTEND: (DRAFT_INSTALLED_LOG, DRAFT_NOT_INSTALLED_LOG)}
 _ORIGINALS_ATTR = "_detspec_split_kv_verify_originals"
+_SERVES_ATTR = "_detspec_split_kv_serves"
 _VERIFY_BATCH_ATTR = "_detspec_split_kv_verify_batch"
 _REQUIRED_ATTR = "_detspec_split_kv_verify_required"
 _WARNED_ATTR = "_detspec_split_kv_verify_warned"
@@ -66,18 +84,19 @@ _ASKED_BY = {True: "asked for by SGLANG_DETSPEC_SPLIT_KV_VERIFY=1",
              False: "the default; SGLANG_DETSPEC_SPLIT_KV_VERIFY=0 turns it off"}
 
 
-def _refusal(why: str, fix: Optional[str]) -> RuntimeError:
+def _refusal(why: str, fix: Optional[str], serves: str = VERIFY) -> RuntimeError:
     way_out = f"{fix}, or {_FIX}" if fix else _FIX[0].upper() + _FIX[1:]
-    return RuntimeError(f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve this model's verify: {why}. {way_out}.")
+    whose = "this model's verify" if serves == VERIFY else "this draft's extend"
+    return RuntimeError(f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve {whose}: {why}. {way_out}.")
 
 
 def _backend_blocker(backend: Any) -> Optional[Tuple[str, Optional[str]]]:
-    """Why the kernel cannot serve ``backend``'s verify and a flag that would let it (or None), or None."""
+    """Why the kernel cannot serve ``backend``'s chain attention and a flag that would let it (or None), or None."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     if not isinstance(backend, TritonAttnBackend):
-        return (f"the target model runs on {type(backend).__name__}, and the kernel replaces the Triton backend's "
-                "verify kernel", "Pass --attention-backend triton")
+        return (f"the model runs its attention on {type(backend).__name__}, and the kernel replaces the Triton "
+                "backend's one-stage extend kernel", "Pass --attention-backend triton")
     if not getattr(backend, "enable_deterministic", False) or getattr(backend, "split_tile_size", None) is None:
         return ("the Triton backend is not in deterministic mode (no fixed key tile)",
                 "Pass --enable-deterministic-inference")
@@ -98,8 +117,8 @@ def _backend_blocker(backend: Any) -> Optional[Tuple[str, Optional[str]]]:
 
 
 def split_kv_verify_blocker(model_runner: Any, backends: List[Any]) -> Optional[Tuple[str, Optional[str]]]:
-    """Why the split-KV verify kernel cannot serve ``model_runner``'s verify on ``backends`` (its attention backends)
-    and a flag that would let it (or None), or None when it can."""
+    """Why the split-KV verify kernel cannot serve ``model_runner``'s chain attention on ``backends`` (its attention
+    backends) and a flag that would let it (or None), or None when it can."""
     kv_dtype = getattr(model_runner, "kv_cache_dtype", None)
     if isinstance(kv_dtype, torch.dtype) and kv_dtype not in (torch.float16, torch.bfloat16):
         return (f"the KV cache holds {kv_dtype}, and the kernel reads float16 / bfloat16 keys and values",
@@ -113,7 +132,7 @@ def split_kv_verify_blocker(model_runner: Any, backends: List[Any]) -> Optional[
 
 def _forward_extend(self: Any, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
     original = self.__dict__[_ORIGINALS_ATTR][0]
-    if not forward_batch.forward_mode.is_target_verify():
+    if not getattr(forward_batch.forward_mode, _SERVED_MODE[self.__dict__[_SERVES_ATTR]])():
         return original(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
     self.__dict__[_VERIFY_BATCH_ATTR] = forward_batch
     try:
@@ -139,12 +158,13 @@ def _keeps_sglangs_kernel(backend: Any, unsupported: List[str]) -> bool:
     window, sinks, mask kind), the same at every verify whatever the batch, so the choice never changes its numbers."""
     if not unsupported:
         return False
-    why = f"a verify layer uses {', '.join(unsupported)}, which the kernel does not apply"
+    serves = backend.__dict__[_SERVES_ATTR]
+    why = f"a {serves} layer uses {', '.join(unsupported)}, which the kernel does not apply"
     if backend.__dict__[_REQUIRED_ATTR]:
-        raise _refusal(why, None)
+        raise _refusal(why, None, serves)
     if why not in backend.__dict__.setdefault(_WARNED_ATTR, set()):
         backend.__dict__[_WARNED_ATTR].add(why)
-        logger.warning("sglang-detspec: %s for every layer where %s", NOT_INSTALLED_LOG, why)
+        logger.warning("sglang-detspec: %s for every layer where %s", _LOGS[serves][1], why)
     return True
 
 
@@ -158,6 +178,7 @@ def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, k
         ("attention sinks", sinks is not None), ("a score_mod", score_mod is not None),
         ("an xai temperature", (xai_temperature_len or 0) > 0), ("pages", int(page_size or 1) != 1),
         ("non-causal attention", not is_causal),
+        ("a custom mask", custom_mask is not None and self.__dict__[_SERVES_ATTR] == DRAFT_EXTEND),
     ) if used]):
         return self.__dict__[_ORIGINALS_ATTR][1](
             q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, kv_indptr, kv_indices, prefix_lens, max_len_extend,
@@ -186,6 +207,31 @@ def _unified(self: Any, q, o, k_buffer, v_buffer, k_scale, v_scale, qo_indptr, k
     return o
 
 
+def _install(model_runner: Any, backends: List[Any], required: bool, serves: str) -> List[Any]:
+    installed_log, not_installed_log = _LOGS[serves]
+    blocker = split_kv_verify_blocker(model_runner, backends)
+    if blocker is not None:
+        if required:
+            raise _refusal(*blocker, serves)
+        logger.info("sglang-detspec: %s: %s (the split-KV verify kernel cannot serve it)", not_installed_log,
+                    blocker[0])
+        return []
+    for backend in backends:
+        if backend.__dict__.get(_SERVES_ATTR, serves) != serves:
+            raise RuntimeError(f"sglang-detspec: one attention backend serves both the target's verify and the "
+                               f"draft's extend, which the split-KV verify cannot tell apart; {_FIX} (sglang-detspec "
+                               "needs updating)")
+        if _ORIGINALS_ATTR not in backend.__dict__:
+            backend.__dict__[_ORIGINALS_ATTR] = (backend.forward_extend, backend.extend_attention_fwd_unified)
+            backend.forward_extend = types.MethodType(_forward_extend, backend)
+            backend.extend_attention_fwd_unified = types.MethodType(_unified, backend)
+        backend.__dict__[_SERVES_ATTR] = serves
+        backend.__dict__[_REQUIRED_ATTR] = required
+    logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; %s)", installed_log, len(backends),
+                backends[0].split_tile_size, _ASKED_BY[required])
+    return backends
+
+
 def install_split_kv_verify(model_runner: Any, required: bool) -> List[Any]:
     """Run every verify attention of ``model_runner`` in the split-KV verify kernel; return the patched backends.
 
@@ -197,19 +243,35 @@ def install_split_kv_verify(model_runner: Any, required: bool) -> List[Any]:
     if not backends:
         raise RuntimeError("sglang-detspec: the target model runner has no attention backend yet; the split-KV verify "
                            "must be installed after init_attention_backends (sglang-detspec needs updating)")
-    blocker = split_kv_verify_blocker(model_runner, backends)
-    if blocker is not None:
-        if required:
-            raise _refusal(*blocker)
-        logger.info("sglang-detspec: %s: %s (the split-KV verify kernel cannot serve it)", NOT_INSTALLED_LOG,
-                    blocker[0])
-        return []
-    for backend in backends:
-        if _ORIGINALS_ATTR not in backend.__dict__:
-            backend.__dict__[_ORIGINALS_ATTR] = (backend.forward_extend, backend.extend_attention_fwd_unified)
-            backend.forward_extend = types.MethodType(_forward_extend, backend)
-            backend.extend_attention_fwd_unified = types.MethodType(_unified, backend)
-        backend.__dict__[_REQUIRED_ATTR] = required
-    logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; %s)", INSTALLED_LOG, len(backends),
-                backends[0].split_tile_size, _ASKED_BY[required])
-    return backends
+    return _install(model_runner, backends, required, VERIFY)
+
+
+def draft_extend_backends(draft_worker: Any) -> Tuple[Any, List[Any]]:
+    """The draft's model runner (the first, for a multi-layer draft) and the distinct attention backends its extends of
+    the verified chain may run on: ``draft_extend_attn_backend`` (single-layer) or each of
+    ``draft_extend_attn_backend_list`` (multi-layer), and the draft runners' own ``attn_backend`` (which upstream sets
+    to those, or keeps when there are none), the same names in every supported release."""
+    runners = [getattr(draft_worker, "draft_runner", None)] + list(getattr(draft_worker, "draft_runner_list", None) or [])
+    runners = [runner for runner in runners if runner is not None]
+    candidates = [getattr(draft_worker, "draft_extend_attn_backend", None)]
+    candidates += list(getattr(draft_worker, "draft_extend_attn_backend_list", None) or [])
+    candidates += [getattr(runner, "attn_backend", None) for runner in runners]
+    found: List[Any] = []
+    for backend in candidates:
+        if backend is not None and all(backend is not seen for seen in found):
+            found.append(backend)
+    return (runners[0] if runners else None), found
+
+
+def install_split_kv_draft_extend(draft_worker: Any, required: bool) -> List[Any]:
+    """Run the draft's extends of the verified chain (``DRAFT_EXTEND_V2``) in the split-KV verify kernel; return the
+    patched backends.
+
+    Call it once the draft worker's attention backends exist and before its CUDA graphs are captured. Idempotent.
+    Refuses (``required``) or keeps SGLang's kernel, said in the log, as :func:`install_split_kv_verify` does.
+    """
+    runner, backends = draft_extend_backends(draft_worker)
+    if not backends:
+        raise RuntimeError("sglang-detspec: the draft worker has no attention backend yet; the split-KV draft extend "
+                           "must be installed after init_attention_backends (sglang-detspec needs updating)")
+    return _install(runner, backends, required, DRAFT_EXTEND)

@@ -9,8 +9,10 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
 * ``init_attention_backends``: upstream's, then -- under the coupled scheme, or with
   ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1`` -- the target's verify attention in decode order
   (:mod:`..sampling.verify_attention`), else in the split-KV verify kernel where it can serve the model, unless
-  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` (:mod:`..sampling.split_kv_verify`). The scheduler builds the target's
-  backends first, then calls this, then captures every CUDA graph: the one moment that switch can be made.
+  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` (:mod:`..sampling.split_kv_verify`); the draft's extend of the verified chain
+  in the same kernel, under either scheme (the invariant mode's tokens do not depend on the draft's numbers). The
+  scheduler builds the target's and the draft's backends first, then calls this, then captures every CUDA graph:
+  the one moment that switch can be made.
 * ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
   draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins keep
   SGLang's values: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
@@ -22,9 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_detspec.integration.sampling import scheme
-from sglang_detspec.integration.sampling.split_kv_verify import NOT_INSTALLED_LOG as SPLIT_KV_NOT_INSTALLED_LOG
-from sglang_detspec.integration.sampling.split_kv_verify import install_split_kv_verify
+from sglang_detspec.integration.sampling import scheme, split_kv_verify
 from sglang_detspec.integration.sampling.verify import rebound_verify, reduced_draft_vocab
 from sglang_detspec.integration.sampling.verify_attention import install_decode_order_verify
 from sglang_detspec.integration.setup import split_kv_verify_switch
@@ -69,16 +69,21 @@ class DetspecSpecWorker:
 
     def init_attention_backends(self):
         super().init_attention_backends()
+        setting = split_kv_verify_switch.split_kv_verify_setting()
         if scheme.current() == scheme.COUPLED:
             install_decode_order_verify(self.target_worker.model_runner)
+            # The invariant mode's tokens do not depend on the draft's numbers: its draft extend only gets faster.
+            if setting == split_kv_verify_switch.AUTO:
+                split_kv_verify.install_split_kv_draft_extend(self.draft_worker, required=False)
         elif decode_order_verify_wanted():
             install_decode_order_verify(self.target_worker.model_runner, request=DECODE_ORDER_VERIFY_REQUEST)
+        elif setting == split_kv_verify_switch.OFF:
+            for log in (split_kv_verify.NOT_INSTALLED_LOG, split_kv_verify.DRAFT_NOT_INSTALLED_LOG):
+                logger.info("sglang-detspec: %s (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)", log)
         else:
-            setting = split_kv_verify_switch.split_kv_verify_setting()
-            if setting == split_kv_verify_switch.OFF:
-                logger.info("sglang-detspec: %s (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)", SPLIT_KV_NOT_INSTALLED_LOG)
-            else:
-                install_split_kv_verify(self.target_worker.model_runner, required=setting == split_kv_verify_switch.ON)
+            required = setting == split_kv_verify_switch.ON
+            split_kv_verify.install_split_kv_verify(self.target_worker.model_runner, required=required)
+            split_kv_verify.install_split_kv_draft_extend(self.draft_worker, required=required)
 
     def verify(self, *args, **kwargs):
         # A reduced-vocabulary draft's q is read through its hot map (None for the multi-layer worker, which has none).

@@ -26,10 +26,14 @@ def _install_log(monkeypatch, caplog, environ):
     from sglang_detspec.integration.sampling import scheme
     from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 
-    backend = object.__new__(TritonAttnBackend)
-    backend.__dict__.update(enable_deterministic=True, split_tile_size=256, sliding_window_size=None, dcp_size=1,
-                            kv_index_translator=None, _translate_kv_loc=None, page_size=1, use_mla=False,
-                            extend_attention_fwd_unified=lambda *a, **kw: None)
+    def triton_backend():
+        backend = object.__new__(TritonAttnBackend)
+        backend.__dict__.update(enable_deterministic=True, split_tile_size=256, sliding_window_size=None, dcp_size=1,
+                                kv_index_translator=None, _translate_kv_loc=None, page_size=1, use_mla=False,
+                                extend_attention_fwd_unified=lambda *a, **kw: None)
+        return backend
+
+    backend, draft_backend = triton_backend(), triton_backend()
 
     class Worker(DetspecSpecWorker, type("Upstream", (), {"init_attention_backends": lambda self: None})):
         pass
@@ -37,6 +41,8 @@ def _install_log(monkeypatch, caplog, environ):
     worker = object.__new__(Worker)
     runner = types.SimpleNamespace(attn_backend=backend, decode_attn_backend=None, decode_attn_backend_group=[])
     worker.target_worker = types.SimpleNamespace(model_runner=runner)
+    worker.draft_worker = types.SimpleNamespace(draft_runner=types.SimpleNamespace(attn_backend=draft_backend),
+                                                draft_extend_attn_backend=draft_backend)
     for _, _, other in MODULES.values():
         monkeypatch.delenv(other, raising=False)
     for name, value in environ.items():
@@ -52,13 +58,14 @@ def test_the_needles_are_what_the_install_logs(monkeypatch, caplog, which):
     module, _, variable = MODULES[which]
     log = _install_log(monkeypatch, caplog, {variable: "1"})
     assert module.INSTALLED in log and module.ASKED_BY in log
+    assert (split_kv.DRAFT_INSTALLED in log) is (which == "split_kv")
     other_module = MODULES["split_kv" if which == "decode_order" else "decode_order"][0]
     assert other_module.INSTALLED not in log
 
 
 @pytest.mark.parametrize("value, present, absent", [
-    ("", ("INSTALLED", "BY_DEFAULT"), ("ASKED_BY", "NOT_INSTALLED")),
-    ("0", ("NOT_INSTALLED",), ("INSTALLED", "BY_DEFAULT")),
+    ("", ("INSTALLED", "DRAFT_INSTALLED", "BY_DEFAULT"), ("ASKED_BY", "NOT_INSTALLED", "DRAFT_NOT_INSTALLED")),
+    ("0", ("NOT_INSTALLED", "DRAFT_NOT_INSTALLED"), ("INSTALLED", "DRAFT_INSTALLED", "BY_DEFAULT")),
 ])
 def test_the_split_kv_default_and_off_needles_are_what_the_install_logs(monkeypatch, caplog, value, present, absent):
     log = _install_log(monkeypatch, caplog, {"SGLANG_DETSPEC_SPLIT_KV_VERIFY": value})

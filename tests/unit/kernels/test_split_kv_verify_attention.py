@@ -132,6 +132,17 @@ def test_shorter_chains_beside_longer_ones_keep_their_bits():
     assert torch.equal(one.run(32).cpu(), together[:2].cpu())
 
 
+def test_a_padded_request_with_no_keys_gets_zeros_and_leaves_the_others_alone():
+    """A CUDA graph pads its batch with requests that may have no keys at all: their rows must be zeros, not NaN
+    (0 / 0), and the real request's rows are its bits alone."""
+    batch = Batch([40, 0], [3, 3], seed=19)
+    batch.kv_indptr = _indptr([43, 0])
+    together = batch.run(16)
+    assert torch.equal(together[3:].cpu(), torch.zeros_like(together[3:]).cpu())
+    one = batch.request(0)
+    assert torch.equal(one.run(16).cpu(), together[:3].cpu())
+
+
 def test_draft_rows_see_only_earlier_drafts():
     """Control for the causal mask: changing draft 3's key and value leaves rows 0..2 as they were, and row 3 not."""
     batch = Batch([20], [4], seed=17)

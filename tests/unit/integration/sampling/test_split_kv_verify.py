@@ -34,8 +34,9 @@ SPLIT_TILE = 16
 MAX_CONTEXT = 128
 
 
-def _mode(verify: bool):
-    return types.SimpleNamespace(is_target_verify=lambda: verify, is_decode=lambda: False)
+def _mode(verify: bool, draft_extend: bool = False):
+    return types.SimpleNamespace(is_target_verify=lambda: verify, is_draft_extend_v2=lambda: draft_extend,
+                                 is_decode=lambda: False)
 
 
 def _layer(layer_id):
@@ -90,6 +91,31 @@ def _verify_forward(scene, backend, hide_own_key=False):
         extend_start_loc=None, extend_prefix_lens=None, positions=None, mha_one_shot=False,  # 0.5.23
         attn_attend_prefix_cache=None,
         spec_info=types.SimpleNamespace(draft_token_num=STEPS_PLUS_ONE), out_cache_loc_is_physical=True,
+    )
+    return backend.forward_extend(scene["q"], scene["k"], scene["v"], _layer(0), batch)
+
+
+def _draft_extend_forward(scene, backend):
+    """Upstream's DRAFT_EXTEND_V2 metadata for the scene's batch (the draft re-reads the verified chain: the same
+    tokens per request, causal over its prefix, no mask; ``seq_lens`` count the chain, as upstream's prepare sets
+    them), and one layer's forward_extend."""
+    prefix_lens, reqs = scene["seq_lens"], scene["reqs"]
+    bs = len(prefix_lens)
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+    kv_indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int32), 0)
+    kv_indices = torch.cat([scene["req_to_token"][r, :n] for r, n in zip(reqs, prefix_lens)]).to(torch.int64)
+    backend.forward_metadata = dataclasses.replace(
+        _empty_metadata(), kv_indptr=kv_indptr, kv_indices=kv_indices,
+        qo_indptr=torch.arange(0, (bs + 1) * STEPS_PLUS_ONE, STEPS_PLUS_ONE, dtype=torch.int32),
+        custom_mask=None, mask_indptr=None, max_extend_len=STEPS_PLUS_ONE,
+    )
+    seq_lens = torch.tensor(prefix_lens, dtype=torch.int64) + STEPS_PLUS_ONE
+    extend_seq_lens = torch.full((bs,), STEPS_PLUS_ONE, dtype=torch.int32)
+    batch = types.SimpleNamespace(
+        forward_mode=_mode(False, draft_extend=True), batch_size=bs, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
+        req_pool_indices=torch.tensor(reqs), out_cache_loc=scene["out_cache_loc"], extend_seq_lens=extend_seq_lens,
+        extend_start_loc=None, extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32), positions=None,
+        mha_one_shot=False, attn_attend_prefix_cache=None, spec_info=None, out_cache_loc_is_physical=True,
     )
     return backend.forward_extend(scene["q"], scene["k"], scene["v"], _layer(0), batch)
 
@@ -157,6 +183,95 @@ def test_a_request_gives_the_same_bits_alone_and_beside_another():
                        v=scene["v"][first])
     alone, _ = _run(alone_scene, install=True)
     assert torch.equal(alone, together[:STEPS_PLUS_ONE])
+
+
+def _draft_worker(backend, **runner_extra):
+    return types.SimpleNamespace(draft_runner=types.SimpleNamespace(attn_backend=backend, **runner_extra),
+                                 draft_extend_attn_backend=backend)
+
+
+def _run_draft_extend(scene, install):
+    pool = scene["pool"].clone()
+    backend = _real_backend(pool, scene["req_to_token"])
+    if install:
+        assert split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=True) == [backend]
+    return _draft_extend_forward(scene, backend).clone(), pool
+
+
+def test_the_draft_extend_matches_upstreams_and_writes_the_same_cache(scene, monkeypatch):
+    want, want_pool = _run_draft_extend(scene, install=False)
+    ran = []
+    kernel = split_kv_verify.split_kv_verify_attention
+    monkeypatch.setattr(split_kv_verify, "split_kv_verify_attention", lambda *a, **k: ran.append(1) or kernel(*a, **k))
+    got, pool = _run_draft_extend(scene, install=True)
+    assert ran == [1]
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-3, atol=2e-3)
+    assert torch.equal(pool.k[0], want_pool.k[0]) and torch.equal(pool.v[0], want_pool.v[0])
+    # Control: the verify's backend leaves a draft extend to upstream's kernel, bit for bit.
+    pool = scene["pool"].clone()
+    verify_backend = _real_backend(pool, scene["req_to_token"])
+    _install(verify_backend)
+    assert torch.equal(_draft_extend_forward(scene, verify_backend), want)
+
+
+def test_a_draft_extend_gives_the_same_bits_alone_and_beside_another():
+    scene = _scene("two_requests")
+    together, _ = _run_draft_extend(scene, install=True)
+    first = slice(0, STEPS_PLUS_ONE)
+    alone_scene = dict(scene, seq_lens=scene["seq_lens"][:1], reqs=scene["reqs"][:1],
+                       out_cache_loc=scene["out_cache_loc"][first], q=scene["q"][first], k=scene["k"][first],
+                       v=scene["v"][first])
+    alone, _ = _run_draft_extend(alone_scene, install=True)
+    assert torch.equal(alone, together[:STEPS_PLUS_ONE])
+
+
+def test_the_draft_extends_backend_leaves_verifies_and_masked_extends_to_upstream(scene, caplog):
+    backend = _real_backend(scene["pool"].clone(), scene["req_to_token"])
+    calls = []
+    backend.extend_attention_fwd_unified = lambda *args, **kwargs: calls.append(kwargs["custom_mask"])
+    split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=False)
+    _verify_forward(scene, backend)  # a verify batch on the draft's backend: not what it serves
+    assert len(calls) == 1 and calls[0] is not None
+    backend.__dict__[split_kv_verify._VERIFY_BATCH_ATTR] = types.SimpleNamespace()  # a draft extend is running
+    with caplog.at_level("WARNING", logger=split_kv_verify.__name__):
+        backend.extend_attention_fwd_unified(*range(11), custom_mask="mask")
+    assert calls[-1] == "mask"
+    assert split_kv_verify.DRAFT_NOT_INSTALLED_LOG in caplog.text and "a custom mask" in caplog.text
+
+
+def test_one_backend_cannot_serve_both_the_verify_and_the_draft_extend(scene):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    _install(backend)
+    with pytest.raises(RuntimeError, match="serves both the target's verify and the draft's extend"):
+        split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=False)
+
+
+def test_the_draft_extend_backends_of_single_and_multi_layer_drafts():
+    first, second, eager = object(), object(), object()
+    single = types.SimpleNamespace(draft_runner=types.SimpleNamespace(attn_backend=first),
+                                   draft_extend_attn_backend=first)
+    assert split_kv_verify.draft_extend_backends(single) == (single.draft_runner, [first])
+    no_extend_backend = types.SimpleNamespace(draft_runner=types.SimpleNamespace(attn_backend=eager),
+                                              draft_extend_attn_backend=None)
+    assert split_kv_verify.draft_extend_backends(no_extend_backend)[1] == [eager]
+    runners = [types.SimpleNamespace(attn_backend=first), types.SimpleNamespace(attn_backend=second)]
+    multi = types.SimpleNamespace(draft_runner_list=runners, draft_extend_attn_backend_list=[first, second])
+    assert split_kv_verify.draft_extend_backends(multi) == (runners[0], [first, second])
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_a_draft_the_kernel_cannot_serve(scene, required, caplog):
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    backend.use_mla = True
+    worker = _draft_worker(backend)
+    if required:
+        with pytest.raises(RuntimeError, match="cannot serve this draft's extend: the model uses multi-head latent"):
+            split_kv_verify.install_split_kv_draft_extend(worker, required=True)
+    else:
+        with caplog.at_level("INFO", logger=split_kv_verify.__name__):
+            assert split_kv_verify.install_split_kv_draft_extend(worker, required=False) == []
+        assert split_kv_verify.DRAFT_NOT_INSTALLED_LOG in caplog.text
+    assert split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
 
 
 def test_outside_a_verify_the_unified_kernel_is_upstreams(scene):
@@ -273,7 +388,7 @@ def test_the_switch_is_strict_and_yields_to_the_decode_order_verify():
         split_kv_verify_setting({"SGLANG_DETSPEC_SPLIT_KV_VERIFY": "1", "SGLANG_DETSPEC_DECODE_ORDER_VERIFY": "1"})
 
 
-def _worker_with(backend):
+def _worker_with(backend, draft_backend=None):
     from sglang_detspec.integration.workers.spec_worker_base import DetspecSpecWorker
 
     class Worker(DetspecSpecWorker, type("Upstream", (), {"init_attention_backends": lambda self: None})):
@@ -281,6 +396,7 @@ def _worker_with(backend):
 
     worker = object.__new__(Worker)
     worker.target_worker = types.SimpleNamespace(model_runner=_runner(backend))
+    worker.draft_worker = _draft_worker(draft_backend or _real_backend(backend.token_to_kv_pool, backend.req_to_token))
     return worker
 
 
@@ -291,9 +407,27 @@ def test_detspec_eagle_installs_the_kernel_unless_turned_off(scene, monkeypatch,
     monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
     monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
     backend = _real_backend(scene["pool"], scene["req_to_token"])
+    draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
     with scheme.selected(scheme.REJECTION):
-        _worker_with(backend).init_attention_backends()
+        _worker_with(backend, draft_backend).init_attention_backends()
     assert (split_kv_verify._ORIGINALS_ATTR in backend.__dict__) is installed
+    assert draft_backend.__dict__.get(split_kv_verify._SERVES_ATTR) == (split_kv_verify.DRAFT_EXTEND if installed
+                                                                       else None)
+
+
+@pytest.mark.parametrize("value, installed", [("0", False), ("", True)])
+def test_the_invariant_mode_keeps_the_decode_order_verify_and_gets_the_draft_extend_kernel(scene, monkeypatch, value,
+                                                                                          installed):
+    from sglang_detspec.integration.sampling import scheme, verify_attention
+
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
+    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
+    with scheme.selected(scheme.COUPLED):
+        _worker_with(backend, draft_backend).init_attention_backends()
+    assert verify_attention._PATCHED_ATTR in backend.__dict__ and split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
+    assert (split_kv_verify._ORIGINALS_ATTR in draft_backend.__dict__) is installed
 
 
 @pytest.mark.parametrize("value", ["1", ""])
@@ -319,7 +453,9 @@ def test_the_decode_order_verify_wins_over_the_default(scene, monkeypatch):
     monkeypatch.delenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", raising=False)
     monkeypatch.setenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", "1")
     backend = _real_backend(scene["pool"], scene["req_to_token"])
+    worker = _worker_with(backend)
     with scheme.selected(scheme.REJECTION):
-        _worker_with(backend).init_attention_backends()
+        worker.init_attention_backends()
     assert split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
     assert verify_attention._PATCHED_ATTR in backend.__dict__
+    assert split_kv_verify._ORIGINALS_ATTR not in worker.draft_worker.draft_extend_attn_backend.__dict__
