@@ -174,17 +174,6 @@ def test_control_a_wrong_mask_is_seen():
     assert (wrong.float() - want.float()).abs().max() > 2e-2
 
 
-def test_a_request_gives_the_same_bits_alone_and_beside_another():
-    scene = _scene("two_requests")
-    together, _ = _run(scene, install=True)
-    first = slice(0, STEPS_PLUS_ONE)
-    alone_scene = dict(scene, seq_lens=scene["seq_lens"][:1], reqs=scene["reqs"][:1],
-                       out_cache_loc=scene["out_cache_loc"][first], q=scene["q"][first], k=scene["k"][first],
-                       v=scene["v"][first])
-    alone, _ = _run(alone_scene, install=True)
-    assert torch.equal(alone, together[:STEPS_PLUS_ONE])
-
-
 def _draft_worker(backend, **runner_extra):
     return types.SimpleNamespace(draft_runner=types.SimpleNamespace(attn_backend=backend, **runner_extra),
                                  draft_extend_attn_backend=backend)
@@ -214,14 +203,16 @@ def test_the_draft_extend_matches_upstreams_and_writes_the_same_cache(scene, mon
     assert torch.equal(_draft_extend_forward(scene, verify_backend), want)
 
 
-def test_a_draft_extend_gives_the_same_bits_alone_and_beside_another():
+@pytest.mark.parametrize("forward", ["verify", "draft_extend"])
+def test_a_request_gives_the_same_bits_alone_and_beside_another(forward):
+    run = {"verify": _run, "draft_extend": _run_draft_extend}[forward]
     scene = _scene("two_requests")
-    together, _ = _run_draft_extend(scene, install=True)
+    together, _ = run(scene, install=True)
     first = slice(0, STEPS_PLUS_ONE)
     alone_scene = dict(scene, seq_lens=scene["seq_lens"][:1], reqs=scene["reqs"][:1],
                        out_cache_loc=scene["out_cache_loc"][first], q=scene["q"][first], k=scene["k"][first],
                        v=scene["v"][first])
-    alone, _ = _run_draft_extend(alone_scene, install=True)
+    alone, _ = run(alone_scene, install=True)
     assert torch.equal(alone, together[:STEPS_PLUS_ONE])
 
 
@@ -400,16 +391,25 @@ def _worker_with(backend, draft_backend=None):
     return worker
 
 
-@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", True)])
-def test_detspec_eagle_installs_the_kernel_unless_turned_off(scene, monkeypatch, value, installed):
+def _install_under(scene, monkeypatch, value, which_scheme):
+    """The target's and the draft's backends after the spec worker's ``init_attention_backends`` with the switch at
+    ``value`` under ``which_scheme``."""
     from sglang_detspec.integration.sampling import scheme
 
     monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
     monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
     backend = _real_backend(scene["pool"], scene["req_to_token"])
     draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
-    with scheme.selected(scheme.REJECTION):
+    with scheme.selected(which_scheme):
         _worker_with(backend, draft_backend).init_attention_backends()
+    return backend, draft_backend
+
+
+@pytest.mark.parametrize("value, installed", [("1", True), ("0", False), ("", True)])
+def test_detspec_eagle_installs_the_kernel_unless_turned_off(scene, monkeypatch, value, installed):
+    from sglang_detspec.integration.sampling import scheme
+
+    backend, draft_backend = _install_under(scene, monkeypatch, value, scheme.REJECTION)
     assert (split_kv_verify._ORIGINALS_ATTR in backend.__dict__) is installed
     assert draft_backend.__dict__.get(split_kv_verify._SERVES_ATTR) == (split_kv_verify.DRAFT_EXTEND if installed
                                                                        else None)
@@ -420,12 +420,7 @@ def test_the_invariant_mode_keeps_the_decode_order_verify_and_gets_the_draft_ext
                                                                                           installed):
     from sglang_detspec.integration.sampling import scheme, verify_attention
 
-    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
-    monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
-    backend = _real_backend(scene["pool"], scene["req_to_token"])
-    draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
-    with scheme.selected(scheme.COUPLED):
-        _worker_with(backend, draft_backend).init_attention_backends()
+    backend, draft_backend = _install_under(scene, monkeypatch, value, scheme.COUPLED)
     assert verify_attention._PATCHED_ATTR in backend.__dict__ and split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
     assert (split_kv_verify._ORIGINALS_ATTR in draft_backend.__dict__) is installed
 
