@@ -67,6 +67,7 @@ def load_plugin() -> Dict[str, object]:
             retraction,
             scheduler_check,
             server_args,
+            split_kv_draft_extend_switch,
             split_kv_verify_switch,
             token_id_sampler_opt_in,
             verify_coins_switch,
@@ -84,6 +85,7 @@ def load_plugin() -> Dict[str, object]:
         verify_coins_switch.verify_coins_kernel_wanted()  # refuse a bad value now, not at the first verify
         decode_order_verify_switch.decode_order_verify_wanted()  # likewise, not when the spec worker starts
         split_kv_verify_switch.split_kv_verify_setting()  # likewise (and refuses 1 beside the decode-order verify)
+        split_kv_draft_extend_switch.split_kv_draft_extend_wanted()  # likewise
         if not _inside_sglang_loader():
             # Called directly (a test, a notebook, an embedding application): nobody will apply the hook for
             # us. Targets that are already patched are skipped by apply_hooks, so this is idempotent.

@@ -245,6 +245,10 @@ def server_specs(models, pair: Optional[str] = None) -> Dict[str, ServerSpec]:
         ServerSpec("detspec_eagle_split_kv_verify_graph", detspec, env={SPLIT_KV_VERIFY_ENV: "1"}),
         ServerSpec("detspec_eagle_split_kv_verify_nograph", detspec + GRAPHS_OFF, env={SPLIT_KV_VERIFY_ENV: "1"}),
         ServerSpec("detspec_eagle_one_stage_verify", detspec, env={SPLIT_KV_VERIFY_ENV: "0"}),
+        # The draft's extend of each verified chain in the split-KV verify kernel (test_e2e_split_kv_draft_extend).
+        ServerSpec("detspec_eagle_split_kv_draft_extend_graph", detspec, env={SPLIT_KV_DRAFT_EXTEND_ENV: "1"}),
+        ServerSpec("detspec_eagle_split_kv_draft_extend_nograph", detspec + GRAPHS_OFF,
+                   env={SPLIT_KV_DRAFT_EXTEND_ENV: "1"}),
     ]
     specs += multi_layer_specs(models, pair, base)
     specs += invariant_specs(models, base, pair)
@@ -273,6 +277,8 @@ def multi_layer_specs(models, pair: str, base: List[str]) -> List[ServerSpec]:
     return [
         ServerSpec("detspec_mtp_graph", detspec),
         ServerSpec("detspec_mtp_nograph", detspec + GRAPHS_OFF),
+        # Its 3 layers' draft extends in the split-KV verify kernel (test_e2e_split_kv_draft_extend).
+        ServerSpec("detspec_mtp_split_kv_draft_extend_graph", detspec, env={SPLIT_KV_DRAFT_EXTEND_ENV: "1"}),
         ServerSpec("detspec_mtp_fa3_graph", detspec + ["--attention-backend", "fa3"]),
         # Refused at start-up: the radix cache would let another prompt's tokens into the draft KV (server_args.py).
         ServerSpec("detspec_mtp_radix", [a for a in detspec if a != "--disable-radix-cache"], expect_exit=True),
@@ -288,6 +294,8 @@ ATTN_INDEX_CACHE_ENV = "SGLANG_DETSPEC_ATTN_INDEX_CACHE"
 DECODE_ORDER_VERIFY_ENV = "SGLANG_DETSPEC_DECODE_ORDER_VERIFY"
 #: Whether DETSPEC_EAGLE's verify attention runs in the plugin's split-KV verify kernel (unset: where it can serve).
 SPLIT_KV_VERIFY_ENV = "SGLANG_DETSPEC_SPLIT_KV_VERIFY"
+#: The opt-in that runs the draft's extend of each verified chain in the same kernel.
+SPLIT_KV_DRAFT_EXTEND_ENV = "SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND"
 FAST_INVARIANT_DRAFT_ENV = "SGLANG_DETSPEC_FAST_INVARIANT_DRAFT"
 
 #: The opt-in switch that keys a NON-speculative deterministic server's seeded sampler by token id, as DETSPEC

@@ -2,21 +2,18 @@
 where the kernel can serve the model, ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=1`` to insist, ``=0`` for SGLang's kernel)
 still gives one output per seed.
 
-The kernel replaces SGLang's one-stage extend kernel in every TARGET_VERIFY forward, and in the draft's extend of
-each verified chain (DRAFT_EXTEND_V2), with kernels/split_kv_verify_attention.py (fixed 256-key tiles merged in order;
-integration/sampling/split_kv_verify.py).
+The kernel replaces SGLang's one-stage extend kernel in every TARGET_VERIFY forward with
+kernels/split_kv_verify_attention.py (fixed 256-key tiles merged in order; integration/sampling/split_kv_verify.py).
 A request's rows depend only on its own keys, so the probe must give one output under every traffic profile of
 ``sglang-detspec check`` on the ``=1`` servers, with CUDA graphs on and off, the same tokens on both, and an accept
 length inside (1, 4) (the weighted pair rejects drafts, so rejection sampling runs). Each ``=1`` server's log must say
-the kernel was installed at its request, for the verify and the draft extend; the default server's that it was
-installed by default, and its probe must
+the kernel was installed at its request; the default server's that it was installed by default, and its probe must
 give the ``=1`` servers' tokens (the same kernel). Controls that must fail: built-in EAGLE + rejection sampling under
 the same uniform traffic gives several outputs (so the check can see a batch-dependent server), and the ``=0``
 server's log has no install line but names SGLang's kernel (so a line every server printed cannot pass). Its speed:
 ``bench-serve --configs eagle_rs,detspec,detspec_one_stage_verify`` and scripts/bench/bench_verify_attention.py.
 """
 
-import pytest
 import verify_kernel_opt_in as vk
 
 import e2e_checks as ec
@@ -36,9 +33,6 @@ INSTALLED = "the verify runs its attention in the split-KV verify kernel"
 ASKED_BY = "asked for by SGLANG_DETSPEC_SPLIT_KV_VERIFY=1"
 BY_DEFAULT = "the default; SGLANG_DETSPEC_SPLIT_KV_VERIFY=0 turns it off"
 NOT_INSTALLED = "the verify runs its attention in SGLang's one-stage extend kernel (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)"
-DRAFT_INSTALLED = "the draft extend runs its attention in the split-KV verify kernel"
-DRAFT_NOT_INSTALLED = ("the draft extend runs its attention in SGLang's one-stage extend kernel "
-                       "(SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)")
 
 pytestmark = h.module_marks(*SPLIT_KV, DEFAULT, ONE_STAGE, CONTROL)
 
@@ -49,16 +43,6 @@ globals().update(vk.opt_in_tests(SPLIT_KV, without=ONE_STAGE, control=CONTROL, i
 
 def test_the_one_stage_server_names_sglangs_kernel(e2e_pool):
     assert NOT_INSTALLED in e2e_pool.ready(ONE_STAGE).log_text()
-
-
-@pytest.mark.parametrize("name, why", [(SPLIT_KV[0], ASKED_BY), (SPLIT_KV[1], ASKED_BY), (DEFAULT, BY_DEFAULT)])
-def test_the_draft_extend_runs_the_kernel_beside_the_verify(e2e_pool, name, why):
-    """The draft's extend of each verified chain runs the same kernel (its numbers decide the next drafts); the
-    ``=0`` server names SGLang's kernel for it too."""
-    lines = [line for line in e2e_pool.ready(name).log_text().splitlines() if DRAFT_INSTALLED in line]
-    assert lines and all(why in line for line in lines), lines
-    off = e2e_pool.ready(ONE_STAGE).log_text()
-    assert DRAFT_NOT_INSTALLED in off and DRAFT_INSTALLED not in off
 
 
 def test_the_default_server_runs_the_kernel(checks, e2e_pool):

@@ -81,6 +81,10 @@ CONFIGS: Tuple[BenchConfig, ...] = (
     # (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0, issue 32): what the default split-KV verify kernel gains. Opt-in.
     BenchConfig("detspec_one_stage_verify", "DETSPEC_EAGLE, verify attention in SGLang's one-stage extend kernel",
                 "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_SPLIT_KV_VERIFY", "0"),)),
+    # DETSPEC_EAGLE with the draft's extend of each verified chain in the split-KV verify kernel too
+    # (SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1, issue 32): what it gains beside "detspec". Opt-in, like the switch.
+    BenchConfig("detspec_split_kv_draft_extend", "DETSPEC_EAGLE, draft extend in the split-KV verify kernel",
+                "DETSPEC_EAGLE", False, True, False, opt_in=True, env=(("SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND", "1"),)),
     # The invariant mode with its draft's GEMMs on cuBLAS (SGLANG_DETSPEC_FAST_INVARIANT_DRAFT=1, issue 32 item 3):
     # what leaving the draft non-invariant gains beside "detspec_invariant". Opt-in, like the switch.
     BenchConfig("detspec_invariant_fast_draft", "DETSPEC_EAGLE_INVARIANT, draft GEMMs on cuBLAS",

@@ -31,7 +31,8 @@ SUBJECT_GOALS = {
 GOALS = {b: goal for b, (goal, _) in SUBJECT_GOALS["detspec"].items()}
 #: Subjects whose ratios to the built-in configurations a run reports, when measured.
 SUBJECTS = ("detspec", "detspec_invariant", "detspec_sglang_ops", "no_spec_plugin_ops", "detspec_no_attn_cache",
-            "detspec_no_split_k", "detspec_invariant_fast_draft", "detspec_one_stage_verify", "detspec_decode_verify")
+            "detspec_no_split_k", "detspec_invariant_fast_draft", "detspec_one_stage_verify", "detspec_decode_verify",
+            "detspec_split_kv_draft_extend")
 
 _FIELDS = {  # our name: bench_serving's key
     "output_tok_s": "output_throughput",

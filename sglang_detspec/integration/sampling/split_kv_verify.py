@@ -1,5 +1,7 @@
-"""The target's verify attention and the draft's extend of the verified chain in the plugin's split-KV verify kernel
-(the default where it can serve the model; ``SGLANG_DETSPEC_SPLIT_KV_VERIFY``, :mod:`..setup.split_kv_verify_switch`).
+"""The target's verify attention (the default where the kernel can serve the model; ``SGLANG_DETSPEC_SPLIT_KV_VERIFY``,
+:mod:`..setup.split_kv_verify_switch`) and, opted in, the draft's extend of each verified chain
+(``SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1``, :mod:`..setup.split_kv_draft_extend_switch`) in the plugin's split-KV
+verify kernel.
 
 Why
 ---
@@ -13,7 +15,7 @@ backend's ``split_tile_size``, 256 by default), so a request's numbers still dep
 After each verify the draft model extends its cache over the same chain (``DRAFT_EXTEND_V2``: ``num_draft_tokens``
 query tokens per request, causal over its prefix, no custom mask), which under deterministic inference runs the same
 one-stage kernel on the draft's one layer (or its MTP layers); its numbers decide the next drafts, so it must be
-batch-invariant too, and the same kernel serves it.
+batch-invariant too, and the same kernel can serve it.
 
 What
 ----
@@ -32,7 +34,7 @@ kernel).
 
 What it cannot serve (:func:`split_kv_verify_blocker`: a non-Triton or non-deterministic backend, multi-head latent
 attention, sliding windows, decode context parallelism, pages > 1, a quantised KV cache) keeps SGLang's kernel by
-default, said in the log, and is refused under ``=1``. A layer found at its first verify to use what the kernel does
+default, said in the log, and is refused under ``=1`` (the draft extend's opt-in refuses it always). A layer found at its first verify to use what the kernel does
 not apply (attention sinks, a score_mod, ...) runs SGLang's kernel by default (a property of the layer, so the same
 choice at every verify of any batch) and is refused under ``=1``.
 
@@ -79,15 +81,18 @@ _SERVES_ATTR = "_detspec_split_kv_serves"
 _VERIFY_BATCH_ATTR = "_detspec_split_kv_verify_batch"
 _REQUIRED_ATTR = "_detspec_split_kv_verify_required"
 _WARNED_ATTR = "_detspec_split_kv_verify_warned"
-_FIX = "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY (SGLang's kernel where the split-KV kernel cannot serve) or set it to 0"
-_ASKED_BY = {True: "asked for by SGLANG_DETSPEC_SPLIT_KV_VERIFY=1",
-             False: "the default; SGLANG_DETSPEC_SPLIT_KV_VERIFY=0 turns it off"}
+#: Per forward served: the switch, the way out of its refusals, and what the install line says of each setting.
+_SWITCH = {VERIFY: "SGLANG_DETSPEC_SPLIT_KV_VERIFY", DRAFT_EXTEND: "SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND"}
+_FIX = {VERIFY: "unset SGLANG_DETSPEC_SPLIT_KV_VERIFY (SGLang's kernel where the split-KV kernel cannot serve) or set "
+                "it to 0",
+        DRAFT_EXTEND: "unset SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND (SGLang's kernel for the draft extend)"}
+_ASKED_BY = {True: "asked for by {switch}=1", False: "the default; {switch}=0 turns it off"}
 
 
 def _refusal(why: str, fix: Optional[str], serves: str = VERIFY) -> RuntimeError:
-    way_out = f"{fix}, or {_FIX}" if fix else _FIX[0].upper() + _FIX[1:]
+    way_out = f"{fix}, or {_FIX[serves]}" if fix else _FIX[serves][0].upper() + _FIX[serves][1:]
     whose = "this model's verify" if serves == VERIFY else "this draft's extend"
-    return RuntimeError(f"SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 cannot serve {whose}: {why}. {way_out}.")
+    return RuntimeError(f"{_SWITCH[serves]}=1 cannot serve {whose}: {why}. {way_out}.")
 
 
 def _backend_blocker(backend: Any) -> Optional[Tuple[str, Optional[str]]]:
@@ -102,7 +107,7 @@ def _backend_blocker(backend: Any) -> Optional[Tuple[str, Optional[str]]]:
                 "Pass --enable-deterministic-inference")
     if not callable(getattr(backend, "extend_attention_fwd_unified", None)):
         raise RuntimeError("sglang-detspec: this SGLang's Triton backend has no extend_attention_fwd_unified, which "
-                           f"the split-KV verify replaces; {_FIX} (sglang-detspec needs updating)")
+                           f"the split-KV verify replaces; {_FIX[VERIFY]} (sglang-detspec needs updating)")
     if getattr(backend, "use_mla", False):
         return ("the model uses multi-head latent attention, whose 576-wide keys the kernel is not tuned or tested "
                 "for", None)
@@ -219,8 +224,8 @@ def _install(model_runner: Any, backends: List[Any], required: bool, serves: str
     for backend in backends:
         if backend.__dict__.get(_SERVES_ATTR, serves) != serves:
             raise RuntimeError(f"sglang-detspec: one attention backend serves both the target's verify and the "
-                               f"draft's extend, which the split-KV verify cannot tell apart; {_FIX} (sglang-detspec "
-                               "needs updating)")
+                               f"draft's extend, which the split-KV verify cannot tell apart; {_FIX[serves]} "
+                               "(sglang-detspec needs updating)")
         if _ORIGINALS_ATTR not in backend.__dict__:
             backend.__dict__[_ORIGINALS_ATTR] = (backend.forward_extend, backend.extend_attention_fwd_unified)
             backend.forward_extend = types.MethodType(_forward_extend, backend)
@@ -228,7 +233,7 @@ def _install(model_runner: Any, backends: List[Any], required: bool, serves: str
         backend.__dict__[_SERVES_ATTR] = serves
         backend.__dict__[_REQUIRED_ATTR] = required
     logger.info("sglang-detspec: %s on %d Triton backend(s) (key tile %s; %s)", installed_log, len(backends),
-                backends[0].split_tile_size, _ASKED_BY[required])
+                backends[0].split_tile_size, _ASKED_BY[required].format(switch=_SWITCH[serves]))
     return backends
 
 
@@ -263,15 +268,15 @@ def draft_extend_backends(draft_worker: Any) -> Tuple[Any, List[Any]]:
     return (runners[0] if runners else None), found
 
 
-def install_split_kv_draft_extend(draft_worker: Any, required: bool) -> List[Any]:
+def install_split_kv_draft_extend(draft_worker: Any) -> List[Any]:
     """Run the draft's extends of the verified chain (``DRAFT_EXTEND_V2``) in the split-KV verify kernel; return the
-    patched backends.
+    patched backends (``SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1``).
 
     Call it once the draft worker's attention backends exist and before its CUDA graphs are captured. Idempotent.
-    Refuses (``required``) or keeps SGLang's kernel, said in the log, as :func:`install_split_kv_verify` does.
+    A draft the kernel cannot serve is refused (``RuntimeError`` naming the variable and the way out).
     """
     runner, backends = draft_extend_backends(draft_worker)
     if not backends:
         raise RuntimeError("sglang-detspec: the draft worker has no attention backend yet; the split-KV draft extend "
                            "must be installed after init_attention_backends (sglang-detspec needs updating)")
-    return _install(runner, backends, required, DRAFT_EXTEND)
+    return _install(runner, backends, True, DRAFT_EXTEND)

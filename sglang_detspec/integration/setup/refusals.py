@@ -356,6 +356,15 @@ REFUSALS: Dict[str, Refusal] = {
         "kernel) or unset (the split-KV kernel wherever it can serve the model, the default).",
         form="{flag} is not an allowed value: {why}. {fix}",
     ),
+    "split_kv_draft_extend": Refusal(
+        "SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND={value!r}",
+        "it chooses whether a DETSPEC draft runs its extend of each verified chain in the plugin's split-KV verify "
+        "kernel or in SGLang's one-stage extend kernel (other draft numbers, so other DETSPEC_EAGLE tokens for a "
+        "seed), and a typo read as a default would serve another configuration than the environment names",
+        "Use '1' (the split-KV verify kernel, or a refusal where it cannot serve the draft) or '0' / unset (SGLang's "
+        "extend kernel, the default).",
+        form="{flag} is not an allowed value: {why}. {fix}",
+    ),
     "split_kv_verify_with_decode_order": Refusal(
         "SGLANG_DETSPEC_SPLIT_KV_VERIFY=1 with SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1",
         "both replace the verify's attention kernel, and only one can run",

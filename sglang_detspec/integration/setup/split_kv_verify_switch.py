@@ -1,7 +1,6 @@
-"""``SGLANG_DETSPEC_SPLIT_KV_VERIFY``: whether ``DETSPEC_EAGLE`` / ``DETSPEC_EAGLE3`` run the target's verify attention,
-and every DETSPEC draft its extend of the verified chain, in the plugin's split-KV verify kernel
-(:mod:`sglang_detspec.kernels.split_kv_verify_attention`, installed by :mod:`..sampling.split_kv_verify`) or in
-SGLang's one-stage extend kernel.
+"""``SGLANG_DETSPEC_SPLIT_KV_VERIFY``: whether ``DETSPEC_EAGLE`` / ``DETSPEC_EAGLE3`` run the target's verify attention
+in the plugin's split-KV verify kernel (:mod:`sglang_detspec.kernels.split_kv_verify_attention`, installed by
+:mod:`..sampling.split_kv_verify`) or in SGLang's one-stage extend kernel.
 
 * unset or empty (the default, :data:`AUTO`): the split-KV kernel wherever it can serve the model, SGLang's kernel
   where it cannot (multi-head latent attention, sliding windows, pages > 1, a quantised KV cache, a non-Triton
@@ -12,9 +11,8 @@ SGLang's one-stage extend kernel.
 Both kernels are batch-invariant, so either gives one output per seed; their numbers differ, so one seed's tokens
 differ between them. Refused when the plugin loads: any other value, and ``1`` together with
 ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1`` (two replacements of one kernel; unset, the decode order wins). The invariant
-algorithms run their verify in the decode kernel's order, so they refuse ``1`` when their arguments resolve; by default
-only their draft extend runs the split-KV kernel (their tokens do not depend on the draft's numbers). The decode-order
-verify (``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1``) leaves the draft extend to SGLang's kernel. Standard library only."""
+algorithms run their verify in the decode kernel's order, so they refuse ``1`` when their arguments resolve and leave
+the default alone. Standard library only."""
 
 from __future__ import annotations
 

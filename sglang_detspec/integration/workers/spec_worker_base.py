@@ -9,10 +9,11 @@ Both spec workers are SGLang's own (``EAGLEWorkerV2`` / ``MultiLayerEagleWorkerV
 * ``init_attention_backends``: upstream's, then -- under the coupled scheme, or with
   ``SGLANG_DETSPEC_DECODE_ORDER_VERIFY=1`` -- the target's verify attention in decode order
   (:mod:`..sampling.verify_attention`), else in the split-KV verify kernel where it can serve the model, unless
-  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` (:mod:`..sampling.split_kv_verify`); the draft's extend of the verified chain
-  in the same kernel, under either scheme (the invariant mode's tokens do not depend on the draft's numbers). The
-  scheduler builds the target's and the draft's backends first, then calls this, then captures every CUDA graph:
-  the one moment that switch can be made.
+  ``SGLANG_DETSPEC_SPLIT_KV_VERIFY=0`` (:mod:`..sampling.split_kv_verify`); with
+  ``SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1`` the draft's extend of each verified chain in the same kernel, under either
+  scheme (the invariant mode's tokens do not depend on the draft's numbers). The scheduler builds the target's and
+  the draft's backends first, then calls this, then captures every CUDA graph: the one moment those switches can be
+  made.
 * ``verify``: upstream's body with the row-local target truncation (:mod:`..sampling.verify`); a reduced-vocabulary
   draft's q is read through its hot map there (:func:`..sampling.verify.reduced_draft_vocab`). Its coins keep
   SGLang's values: under deterministic inference ``sampling_info.sampling_seed`` is always set, so every release's
@@ -31,6 +32,10 @@ from sglang_detspec.integration.setup import split_kv_verify_switch
 from sglang_detspec.integration.setup.decode_order_verify_switch import (
     DECODE_ORDER_VERIFY_ENV,
     decode_order_verify_wanted,
+)
+from sglang_detspec.integration.setup.split_kv_draft_extend_switch import (
+    SPLIT_KV_DRAFT_EXTEND_ENV,
+    split_kv_draft_extend_wanted,
 )
 from sglang_detspec.integration.upstream_code import ReboundMethods
 from sglang_detspec.integration.workers.worker_checks import complete_spec_worker, refuse_global_rng_verify_paths
@@ -69,21 +74,23 @@ class DetspecSpecWorker:
 
     def init_attention_backends(self):
         super().init_attention_backends()
-        setting = split_kv_verify_switch.split_kv_verify_setting()
         if scheme.current() == scheme.COUPLED:
             install_decode_order_verify(self.target_worker.model_runner)
-            # The invariant mode's tokens do not depend on the draft's numbers: its draft extend only gets faster.
-            if setting == split_kv_verify_switch.AUTO:
-                split_kv_verify.install_split_kv_draft_extend(self.draft_worker, required=False)
         elif decode_order_verify_wanted():
             install_decode_order_verify(self.target_worker.model_runner, request=DECODE_ORDER_VERIFY_REQUEST)
-        elif setting == split_kv_verify_switch.OFF:
-            for log in (split_kv_verify.NOT_INSTALLED_LOG, split_kv_verify.DRAFT_NOT_INSTALLED_LOG):
-                logger.info("sglang-detspec: %s (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)", log)
         else:
-            required = setting == split_kv_verify_switch.ON
-            split_kv_verify.install_split_kv_verify(self.target_worker.model_runner, required=required)
-            split_kv_verify.install_split_kv_draft_extend(self.draft_worker, required=required)
+            setting = split_kv_verify_switch.split_kv_verify_setting()
+            if setting == split_kv_verify_switch.OFF:
+                logger.info("sglang-detspec: %s (SGLANG_DETSPEC_SPLIT_KV_VERIFY=0)", split_kv_verify.NOT_INSTALLED_LOG)
+            else:
+                split_kv_verify.install_split_kv_verify(self.target_worker.model_runner,
+                                                        required=setting == split_kv_verify_switch.ON)
+        # The draft's extend of each verified chain, under any scheme (the invariant mode's tokens never depend on it).
+        if split_kv_draft_extend_wanted():
+            split_kv_verify.install_split_kv_draft_extend(self.draft_worker)
+        else:
+            logger.info("sglang-detspec: %s (the default; %s=1 runs it in the split-KV verify kernel)",
+                        split_kv_verify.DRAFT_NOT_INSTALLED_LOG, SPLIT_KV_DRAFT_EXTEND_ENV)
 
     def verify(self, *args, **kwargs):
         # A reduced-vocabulary draft's q is read through its hot map (None for the multi-layer worker, which has none).

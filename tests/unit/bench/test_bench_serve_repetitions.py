@@ -125,6 +125,16 @@ def test_the_one_stage_verify_configuration_turns_the_split_kv_kernel_off_and_de
     assert split_kv_verify_setting(dict(cfgs.config_by_name("detspec").env)) == AUTO
 
 
+def test_the_draft_extend_configuration_opts_in_and_detspec_does_not():
+    from sglang_detspec.integration.setup.split_kv_draft_extend_switch import split_kv_draft_extend_wanted
+
+    draft_extend = cfgs.config_by_name("detspec_split_kv_draft_extend")
+    assert draft_extend.algorithm == "DETSPEC_EAGLE" and draft_extend.opt_in
+    assert "detspec_split_kv_draft_extend" in results.SUBJECTS
+    assert split_kv_draft_extend_wanted(dict(draft_extend.env)) is True
+    assert split_kv_draft_extend_wanted(dict(cfgs.config_by_name("detspec").env)) is False
+
+
 def test_the_llama8b_pair_has_llama_3_8b_shapes():
     parser = cli.build_parser()
     from sglang_detspec.bench import serving_bench

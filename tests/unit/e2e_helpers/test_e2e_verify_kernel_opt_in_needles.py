@@ -1,12 +1,13 @@
-"""CPU tests of what the two verify-kernel opt-in E2E modules (tests/e2e/test_e2e_decode_order_verify.py,
-tests/e2e/test_e2e_split_kv_verify.py) rely on before they reach a GPU: the log lines they look for are the ones the
-spec worker's install writes when their variable asks for it, and their servers are the plain DETSPEC_EAGLE ones
-(graphs on and off) with only that variable added."""
+"""CPU tests of what the three attention-kernel opt-in E2E modules (tests/e2e/test_e2e_decode_order_verify.py,
+tests/e2e/test_e2e_split_kv_verify.py, tests/e2e/test_e2e_split_kv_draft_extend.py) rely on before they reach a GPU:
+the log lines they look for are the ones the spec worker's install writes when their variable asks for it, and their
+servers are the plain DETSPEC_EAGLE ones (graphs on and off) with only that variable added."""
 
 import types
 
 import pytest
 import test_e2e_decode_order_verify as decode_order
+import test_e2e_split_kv_draft_extend as draft_extend
 import test_e2e_split_kv_verify as split_kv
 
 from e2e_spec_resolution import session_specs
@@ -15,6 +16,7 @@ from e2e_spec_resolution import session_specs
 MODULES = {
     "decode_order": (decode_order, decode_order.DECODE_ORDER, "SGLANG_DETSPEC_DECODE_ORDER_VERIFY"),
     "split_kv": (split_kv, split_kv.SPLIT_KV, "SGLANG_DETSPEC_SPLIT_KV_VERIFY"),
+    "draft_extend": (draft_extend, draft_extend.DRAFT_EXTEND, "SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND"),
 }
 
 
@@ -58,19 +60,26 @@ def test_the_needles_are_what_the_install_logs(monkeypatch, caplog, which):
     module, _, variable = MODULES[which]
     log = _install_log(monkeypatch, caplog, {variable: "1"})
     assert module.INSTALLED in log and module.ASKED_BY in log
-    assert (split_kv.DRAFT_INSTALLED in log) is (which == "split_kv")
-    other_module = MODULES["split_kv" if which == "decode_order" else "decode_order"][0]
-    assert other_module.INSTALLED not in log
+    for other, (other_module, _, _) in MODULES.items():
+        # The verify's split-KV kernel is the default: it is installed beside the draft extend's opt-in.
+        if other != which and not (which == "draft_extend" and other == "split_kv"):
+            assert other_module.INSTALLED not in log, other
 
 
 @pytest.mark.parametrize("value, present, absent", [
-    ("", ("INSTALLED", "DRAFT_INSTALLED", "BY_DEFAULT"), ("ASKED_BY", "NOT_INSTALLED", "DRAFT_NOT_INSTALLED")),
-    ("0", ("NOT_INSTALLED", "DRAFT_NOT_INSTALLED"), ("INSTALLED", "DRAFT_INSTALLED", "BY_DEFAULT")),
+    ("", ("INSTALLED", "BY_DEFAULT"), ("ASKED_BY", "NOT_INSTALLED")),
+    ("0", ("NOT_INSTALLED",), ("INSTALLED", "BY_DEFAULT")),
 ])
 def test_the_split_kv_default_and_off_needles_are_what_the_install_logs(monkeypatch, caplog, value, present, absent):
     log = _install_log(monkeypatch, caplog, {"SGLANG_DETSPEC_SPLIT_KV_VERIFY": value})
     assert all(getattr(split_kv, needle) in log for needle in present), log
     assert not any(getattr(split_kv, needle) in log for needle in absent), log
+
+
+@pytest.mark.parametrize("value", ["", "0"])
+def test_the_draft_extend_default_needle_is_what_the_install_logs(monkeypatch, caplog, value):
+    log = _install_log(monkeypatch, caplog, {"SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND": value})
+    assert draft_extend.NOT_INSTALLED in log and draft_extend.INSTALLED not in log, log
 
 
 @pytest.mark.parametrize("which", list(MODULES))

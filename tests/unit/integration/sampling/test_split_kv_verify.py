@@ -183,7 +183,7 @@ def _run_draft_extend(scene, install):
     pool = scene["pool"].clone()
     backend = _real_backend(pool, scene["req_to_token"])
     if install:
-        assert split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=True) == [backend]
+        assert split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend)) == [backend]
     return _draft_extend_forward(scene, backend).clone(), pool
 
 
@@ -216,25 +216,25 @@ def test_a_request_gives_the_same_bits_alone_and_beside_another(forward):
     assert torch.equal(alone, together[:STEPS_PLUS_ONE])
 
 
-def test_the_draft_extends_backend_leaves_verifies_and_masked_extends_to_upstream(scene, caplog):
+def test_the_draft_extends_backend_leaves_verifies_to_upstream_and_refuses_a_masked_extend(scene):
     backend = _real_backend(scene["pool"].clone(), scene["req_to_token"])
     calls = []
     backend.extend_attention_fwd_unified = lambda *args, **kwargs: calls.append(kwargs["custom_mask"])
-    split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=False)
+    split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend))
     _verify_forward(scene, backend)  # a verify batch on the draft's backend: not what it serves
     assert len(calls) == 1 and calls[0] is not None
     backend.__dict__[split_kv_verify._VERIFY_BATCH_ATTR] = types.SimpleNamespace()  # a draft extend is running
-    with caplog.at_level("WARNING", logger=split_kv_verify.__name__):
+    with pytest.raises(RuntimeError, match="SPLIT_KV_DRAFT_EXTEND=1 cannot serve this draft's extend: a draft extend "
+                                           "layer uses a custom mask"):
         backend.extend_attention_fwd_unified(*range(11), custom_mask="mask")
-    assert calls[-1] == "mask"
-    assert split_kv_verify.DRAFT_NOT_INSTALLED_LOG in caplog.text and "a custom mask" in caplog.text
+    assert len(calls) == 1
 
 
 def test_one_backend_cannot_serve_both_the_verify_and_the_draft_extend(scene):
     backend = _real_backend(scene["pool"], scene["req_to_token"])
     _install(backend)
     with pytest.raises(RuntimeError, match="serves both the target's verify and the draft's extend"):
-        split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend), required=False)
+        split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend))
 
 
 def test_the_draft_extend_backends_of_single_and_multi_layer_drafts():
@@ -250,18 +250,11 @@ def test_the_draft_extend_backends_of_single_and_multi_layer_drafts():
     assert split_kv_verify.draft_extend_backends(multi) == (runners[0], [first, second])
 
 
-@pytest.mark.parametrize("required", [True, False])
-def test_a_draft_the_kernel_cannot_serve(scene, required, caplog):
+def test_a_draft_the_kernel_cannot_serve_is_refused(scene):
     backend = _real_backend(scene["pool"], scene["req_to_token"])
     backend.use_mla = True
-    worker = _draft_worker(backend)
-    if required:
-        with pytest.raises(RuntimeError, match="cannot serve this draft's extend: the model uses multi-head latent"):
-            split_kv_verify.install_split_kv_draft_extend(worker, required=True)
-    else:
-        with caplog.at_level("INFO", logger=split_kv_verify.__name__):
-            assert split_kv_verify.install_split_kv_draft_extend(worker, required=False) == []
-        assert split_kv_verify.DRAFT_NOT_INSTALLED_LOG in caplog.text
+    with pytest.raises(RuntimeError, match="cannot serve this draft's extend: the model uses multi-head latent"):
+        split_kv_verify.install_split_kv_draft_extend(_draft_worker(backend))
     assert split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
 
 
@@ -391,12 +384,13 @@ def _worker_with(backend, draft_backend=None):
     return worker
 
 
-def _install_under(scene, monkeypatch, value, which_scheme):
-    """The target's and the draft's backends after the spec worker's ``init_attention_backends`` with the switch at
-    ``value`` under ``which_scheme``."""
+def _install_under(scene, monkeypatch, which_scheme, verify="", draft_extend=""):
+    """The target's and the draft's backends after the spec worker's ``init_attention_backends`` with the two switches
+    at ``verify`` / ``draft_extend`` under ``which_scheme``."""
     from sglang_detspec.integration.sampling import scheme
 
-    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", value)
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_VERIFY", verify)
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND", draft_extend)
     monkeypatch.delenv("SGLANG_DETSPEC_DECODE_ORDER_VERIFY", raising=False)
     backend = _real_backend(scene["pool"], scene["req_to_token"])
     draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
@@ -409,20 +403,53 @@ def _install_under(scene, monkeypatch, value, which_scheme):
 def test_detspec_eagle_installs_the_kernel_unless_turned_off(scene, monkeypatch, value, installed):
     from sglang_detspec.integration.sampling import scheme
 
-    backend, draft_backend = _install_under(scene, monkeypatch, value, scheme.REJECTION)
+    backend, draft_backend = _install_under(scene, monkeypatch, scheme.REJECTION, verify=value)
     assert (split_kv_verify._ORIGINALS_ATTR in backend.__dict__) is installed
+    assert split_kv_verify._ORIGINALS_ATTR not in draft_backend.__dict__  # the draft extend is opt-in
+
+
+@pytest.mark.parametrize("which_scheme", ["rejection", "coupled"])
+@pytest.mark.parametrize("verify", ["0", ""])
+@pytest.mark.parametrize("draft_extend, installed", [("1", True), ("0", False), ("", False)])
+def test_the_draft_extend_kernel_runs_only_when_asked_under_either_scheme(scene, monkeypatch, caplog, which_scheme,
+                                                                         verify, draft_extend, installed):
+    from sglang_detspec.integration.sampling import scheme
+
+    chosen = {"rejection": scheme.REJECTION, "coupled": scheme.COUPLED}[which_scheme]
+    with caplog.at_level("INFO"):
+        _, draft_backend = _install_under(scene, monkeypatch, chosen, verify=verify, draft_extend=draft_extend)
     assert draft_backend.__dict__.get(split_kv_verify._SERVES_ATTR) == (split_kv_verify.DRAFT_EXTEND if installed
                                                                        else None)
+    if installed:
+        assert "asked for by SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1" in caplog.text
+    else:
+        assert f"{split_kv_verify.DRAFT_NOT_INSTALLED_LOG} (the default; SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1" in caplog.text
 
 
-@pytest.mark.parametrize("value, installed", [("0", False), ("", True)])
-def test_the_invariant_mode_keeps_the_decode_order_verify_and_gets_the_draft_extend_kernel(scene, monkeypatch, value,
-                                                                                          installed):
-    from sglang_detspec.integration.sampling import scheme, verify_attention
+def test_the_draft_extend_switch_is_strict():
+    from sglang_detspec.integration.setup.split_kv_draft_extend_switch import split_kv_draft_extend_wanted
 
-    backend, draft_backend = _install_under(scene, monkeypatch, value, scheme.COUPLED)
-    assert verify_attention._PATCHED_ATTR in backend.__dict__ and split_kv_verify._ORIGINALS_ATTR not in backend.__dict__
-    assert (split_kv_verify._ORIGINALS_ATTR in draft_backend.__dict__) is installed
+    assert split_kv_draft_extend_wanted({}) is False
+    assert split_kv_draft_extend_wanted({"SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND": "0"}) is False
+    assert split_kv_draft_extend_wanted({"SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND": "1"}) is True
+    with pytest.raises(Exception, match="SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND='yes'.*Use '1'"):
+        split_kv_draft_extend_wanted({"SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND": "yes"})
+
+
+def test_an_opted_in_draft_the_kernel_cannot_serve_is_refused_at_start(scene, monkeypatch):
+    from sglang_detspec.integration.sampling import scheme
+
+    monkeypatch.setenv("SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND", "1")
+    backend = _real_backend(scene["pool"], scene["req_to_token"])
+    draft_backend = _real_backend(scene["pool"], scene["req_to_token"])
+    draft_backend.page_size = 16
+    with scheme.selected(scheme.REJECTION), pytest.raises(RuntimeError) as refused:
+        _worker_with(backend, draft_backend).init_attention_backends()
+    message = str(refused.value)
+    assert message.startswith("SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND=1 cannot serve this draft's extend: the KV cache "
+                              "has pages of 16 tokens")
+    assert message.endswith("Pass --page-size 1, or unset SGLANG_DETSPEC_SPLIT_KV_DRAFT_EXTEND (SGLang's kernel for the "
+                            "draft extend).")
 
 
 @pytest.mark.parametrize("value", ["1", ""])
