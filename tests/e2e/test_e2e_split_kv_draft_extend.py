@@ -10,7 +10,8 @@ give one output under every traffic profile of ``sglang-detspec check``, with CU
 on both, an accept length inside (1, 4), and each log must say the kernel was installed at the opt-in's request (the
 MTP server on all 3 of its layers' backends). Controls that must fail: built-in EAGLE + rejection sampling under the
 same uniform traffic gives several outputs, and the default DETSPEC_EAGLE server's log has no install line but names
-SGLang's kernel for the draft extend. Its speed: ``bench-serve --configs eagle_rs,detspec,detspec_split_kv_draft_extend``.
+SGLang's kernel for the draft extend. Its speed:
+``bench-serve --configs eagle_rs,detspec,detspec_split_kv_draft_extend``.
 """
 
 import pytest

@@ -29,14 +29,13 @@ attributes, installed before any CUDA graph is captured), two methods are wrappe
   those indices while such a batch is noted, and upstream's kernel otherwise (prefill, the draft's first extend).
 
 The verified chain is a topk-1 chain (the plugin refuses other topk), so upstream's custom verify mask is causal over
-the drafts, which the kernel applies without reading the mask; a draft extend brings no mask (one would keep SGLang's
-kernel).
+the drafts, which the kernel applies without reading the mask; a draft extend brings no mask (one would be refused).
 
 What it cannot serve (:func:`split_kv_verify_blocker`: a non-Triton or non-deterministic backend, multi-head latent
 attention, sliding windows, decode context parallelism, pages > 1, a quantised KV cache) keeps SGLang's kernel by
-default, said in the log, and is refused under ``=1`` (the draft extend's opt-in refuses it always). A layer found at its first verify to use what the kernel does
-not apply (attention sinks, a score_mod, ...) runs SGLang's kernel by default (a property of the layer, so the same
-choice at every verify of any batch) and is refused under ``=1``.
+default, said in the log, and is refused under ``=1`` (the draft extend's opt-in always refuses it). A layer found at
+its first verify to use what the kernel does not apply (attention sinks, a score_mod, ...) runs SGLang's kernel by
+default (a property of the layer, so the same choice at every verify of any batch) and is refused under ``=1``.
 
 CUDA graphs
 -----------
@@ -256,7 +255,7 @@ def draft_extend_backends(draft_worker: Any) -> Tuple[Any, List[Any]]:
     the verified chain may run on: ``draft_extend_attn_backend`` (single-layer) or each of
     ``draft_extend_attn_backend_list`` (multi-layer), and the draft runners' own ``attn_backend`` (which upstream sets
     to those, or keeps when there are none), the same names in every supported release."""
-    runners = [getattr(draft_worker, "draft_runner", None)] + list(getattr(draft_worker, "draft_runner_list", None) or [])
+    runners = [getattr(draft_worker, "draft_runner", None), *(getattr(draft_worker, "draft_runner_list", None) or [])]
     runners = [runner for runner in runners if runner is not None]
     candidates = [getattr(draft_worker, "draft_extend_attn_backend", None)]
     candidates += list(getattr(draft_worker, "draft_extend_attn_backend_list", None) or [])
