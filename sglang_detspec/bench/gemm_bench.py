@@ -318,12 +318,21 @@ def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]
     return "\n".join(lines)
 
 
+def _write_tune_csv(path: Path, rows: Sequence[Dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False, replays: int = 10,
-         log=print, device: Optional[torch.device] = None, split_k: Optional[int] = None) -> str:
+         log=print, device: Optional[torch.device] = None, split_k: Optional[int] = None,
+         buckets: Optional[Sequence[int]] = None) -> str:
     device = device or torch.device("cuda")
     out_dir.mkdir(parents=True, exist_ok=True)
     sms = batch_invariant_gemm._num_sms(device)
-    buckets = TUNE_BUCKETS[:2] if quick else TUNE_BUCKETS
+    if buckets is None:
+        buckets = TUNE_BUCKETS[:2] if quick else TUNE_BUCKETS
     shapes = {(s.k, s.n): s for pair in pairs for s in PAIRS[pair]}  # one entry per weight shape
     rows, best, broken = [], {}, []
     for (k, n), shape in sorted(shapes.items()):
@@ -354,11 +363,8 @@ def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False
                 f"(default {default_us:8.2f}, cuBLAS {cublas:8.2f}: {fastest / cublas:4.2f}x)")
             del ops
         torch.cuda.empty_cache()
+        _write_tune_csv(out_dir / "gemm_tune.csv", rows)  # after every shape: a stopped run keeps what it timed
     table = format_shape_table(best)
-    with open(out_dir / "gemm_tune.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
     meta = _meta(device, dict(sms=sms, replays=replays, broken=broken, split_k=split_k))
     (out_dir / "gemm_tune_table.py").write_text(f"# {json.dumps(meta)}\n{table}\n")
     log(table)
@@ -421,13 +427,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help=f"M = {list(PROBE_MS)} on one launch each: rows past M masked (the default) vs recomputing row 0 "
                          "vs cuBLAS")
     ap.add_argument("--pairs", nargs="+", choices=sorted(PAIRS), default=list(PAIRS))
-    ap.add_argument("--ms", type=int, nargs="+", default=None, help=f"default {list(MS)}")
+    ap.add_argument("--ms", type=int, nargs="+", default=None,
+                    help=f"default {list(MS)}; with --tune, the M buckets to tune (default {list(TUNE_BUCKETS)})")
     ap.add_argument("--replays", type=int, default=None, help="CUDA-graph replays per case (default 20; tune 10)")
     ap.add_argument("--split-k", type=int, default=None, metavar="S",
                     help="force a K split of S for every shape's plugin launch (default: SPLIT_K_TABLE's, none)")
     args = ap.parse_args(argv)
     if args.ms is not None and min(args.ms) < 1:
         ap.error("--ms: every M must be >= 1")
+    if args.tune and args.ms is not None and list(args.ms) != sorted(set(args.ms)):
+        ap.error("--ms with --tune: the buckets must be increasing, each once (e.g. --ms 64 128 256 512)")
     if args.split_k is not None and args.split_k < 1:
         ap.error("--split-k: S must be >= 1")
     if not torch.cuda.is_available():
@@ -439,7 +448,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.tune:
         tune(args.out, pairs=args.pairs, quick=args.quick, replays=args.replays or (5 if args.quick else 10),
-             split_k=args.split_k)
+             split_k=args.split_k, buckets=args.ms)
         return 0
     ms = args.ms or (QUICK_MS if args.quick else MS)
     run(args.out, pairs=args.pairs, ms=ms, replays=args.replays or (5 if args.quick else 20), split_k=args.split_k)
