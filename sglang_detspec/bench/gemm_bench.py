@@ -230,7 +230,7 @@ def _meta(device: torch.device, extra: Dict) -> Dict:
     import triton
 
     return dict(device=_device_name(device), torch=torch.__version__, triton=triton.__version__,
-                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra)
+                split_programs_max_m=batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra)
 
 
 def _write(out_dir: Path, rows: List[Dict], meta: Dict, log) -> None:
@@ -432,7 +432,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--replays", type=int, default=None, help="CUDA-graph replays per case (default 20; tune 10)")
     ap.add_argument("--split-k", type=int, default=None, metavar="S",
                     help="force a K split of S for every shape's plugin launch (default: SPLIT_K_TABLE's, none)")
+    ap.add_argument("--split-programs-max-m", type=int, default=None, metavar="M",
+                    help="A/B knob: run split-K weights as programs of their own up to M rows, folded above "
+                         f"(default: the kernel's SPLIT_PROGRAMS_MAX_M, {batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M})")
     args = ap.parse_args(argv)
+    if args.split_programs_max_m is not None:
+        if args.split_programs_max_m < 0:
+            ap.error("--split-programs-max-m: M must be >= 0 (0: always folded)")
+        batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M = args.split_programs_max_m
     if args.ms is not None and min(args.ms) < 1:
         ap.error("--ms: every M must be >= 1")
     if args.tune and args.ms is not None and list(args.ms) != sorted(set(args.ms)):

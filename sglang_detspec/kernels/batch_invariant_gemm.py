@@ -99,13 +99,16 @@ C = GemmConfig
 #: ``(max M, candidates)``: the first bucket whose bound is >= M; in it, the first candidate that launches at
 #: least one program per SM, else the candidate that launches the most (the earlier one on a tie).  Small M:
 #: narrow tiles, so that long-K small-N weights (down projections) still spread over every SM; M >= 256:
-#: the large tiles that keep compute-bound GEMMs near cuBLAS.  Every entry has ``block_k == BLOCK_K``.
+#: the large tiles that keep compute-bound GEMMs near cuBLAS.  Up to 512 rows (a verify of 128 requests x 4
+#: tokens) 128x128 comes before 128x256: on the H200 it ran the mid-size gate_up at M = 512 in 48 us against
+#: 128x256's 65 (``bench_gemm.py --tune``, docs/results.md).  Every entry has ``block_k == BLOCK_K``.
 LAUNCH_TABLE: Tuple[Tuple[float, Tuple[GemmConfig, ...]], ...] = (
     (16, (C(16, 64, 4, 5), C(16, 32, 4, 5), C(16, 16, 4, 6))),
     (32, (C(32, 64, 4, 5), C(32, 32, 4, 5), C(16, 32, 4, 5))),
     (64, (C(64, 64, 4, 4), C(64, 32, 4, 4), C(32, 32, 4, 5))),
     (128, (C(64, 128, 4, 4), C(64, 64, 4, 4), C(64, 32, 4, 4))),
     (256, (C(128, 128, 8, 3), C(64, 128, 4, 4), C(64, 64, 4, 4))),
+    (512, (C(128, 128, 8, 3), C(64, 128, 4, 4), C(64, 64, 4, 4))),
     (float("inf"), (C(128, 256, 8, 3), C(128, 128, 8, 3), C(64, 128, 4, 4))),
 )
 #: Exact overrides per weight shape ``(K, N) -> ((max M, GemmConfig), ...)`` (the first bound >= M wins; an M past
@@ -119,8 +122,10 @@ del C
 #: which a 4-way split brings to cuBLAS's time at M = 1 - 16 on an H100 (``bench_gemm.py --split-k 4``,
 #: docs/results.md); tests/gpu/test_batch_invariant_gemm.py checks their rows for every M.
 SPLIT_K_TABLE: Dict[Tuple[int, int], int] = {(5632, 2048): 4, (4096, 2048): 4}
-#: Up to this many rows a split runs as programs of its own, their fp32 partials added by a second launch.
-SPLIT_PROGRAMS_MAX_M = 64
+#: Up to this many rows a split runs as programs of its own, their fp32 partials added by a second launch (a
+#: workspace of splits x M x N fp32).  Folded into one program per tile, the mid-size down and EAGLE fc ran 1.96 -
+#: 2.13x cuBLAS's time at M = 128 - 256 on the H200, their few programs each walking all of K.
+SPLIT_PROGRAMS_MAX_M = 512
 _FOLD_MAX_TILE = 128 * 128  # folding keeps two accumulators: larger tiles spill registers
 
 

@@ -235,8 +235,8 @@ def test_split_k_table_applies_per_weight_shape(monkeypatch):
     monkeypatch.setitem(gemm.SPLIT_K_TABLE, (256, 32), 4)
     assert torch.equal(matmul(a, b, out_dtype=torch.float32), matmul(a, b, out_dtype=torch.float32, split_k=4))
     assert launch_plan(12, 256, 32, 132).splits == 4 and launch_plan(12, 256, 64, 132).splits == 1
-    assert launch_config(300, 4096, 128256, 132) == GemmConfig(128, 256, 8, 3)
-    folded = launch_plan(300, 4096, 128256, 132, split_k=2)  # two accumulators: no 128x256 tile
+    assert launch_config(600, 4096, 128256, 132) == GemmConfig(128, 256, 8, 3)
+    folded = launch_plan(600, 4096, 128256, 132, split_k=2)  # two accumulators: no 128x256 tile
     assert folded.fold_splits and folded.config == GemmConfig(128, 128, 8, 3)
     gemm._check_tables()
     monkeypatch.setitem(gemm.SPLIT_K_TABLE, (256, 32), 0)
