@@ -84,15 +84,25 @@ def _gemm_launches():
                  "M": "i32", "N": "i32", "K": "i32", "K_PER_SPLIT": "i32", "stride_am": "i32", "stride_ak": "i32",
                  "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32", "stride_cn": "i32"}
     configs = sorted({c for _, cands in gemm.LAUNCH_TABLE for c in cands}, key=lambda c: (c.block_m, c.block_n))
+
+    def launch(c, bias, split_k=1, fold=False):
+        return dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_SIZE_M=c.group_size_m,
+                    SPLIT_K=split_k, FOLD_SPLITS=fold, A_LARGE=False, B_LARGE=False, C_LARGE=False,
+                    HAS_BIAS=bias, EVEN_K=True, MASK_ROWS=c.mask_rows, INTERPRETED_FOLD=False)
+
     for config in configs:
         for masked in (True, False):
             for bias in (False, True):
                 c = dataclasses.replace(config, mask_rows=masked)
                 yield (f"batch_invariant_gemm {c.short()}{' bias' if bias else ''}",
-                       gemm._batch_invariant_matmul_kernel, dict(signature),
-                       dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_SIZE_M=c.group_size_m,
-                            SPLIT_K=1, FOLD_SPLITS=False, A_LARGE=False, B_LARGE=False, C_LARGE=False,
-                            HAS_BIAS=bias, EVEN_K=True, MASK_ROWS=masked, UPCAST_DOT=False), c.num_warps)
+                       gemm._batch_invariant_matmul_kernel, dict(signature), launch(c, bias), c.num_warps)
+    # a split K (SPLIT_K_TABLE's weights): a split per program, and every split folded in one program
+    for config in configs:
+        if config.block_m * config.block_n <= gemm._FOLD_MAX_TILE:
+            for fold in (False, True):
+                yield (f"batch_invariant_gemm {config.short()} split 4{' folded' if fold else ''}",
+                       gemm._batch_invariant_matmul_kernel, dict(signature), launch(config, False, 4, fold),
+                       config.num_warps)
 
 
 def _verify_attention_launches():

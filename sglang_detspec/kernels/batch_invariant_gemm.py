@@ -27,8 +27,9 @@ order, then the bias.  That is another reduction than the unsplit one, the same 
 range runs in programs of its own (more programs for long-K, small-N weights) and a second launch adds the fp32
 partials; at large M every program folds all ranges itself, with the same additions in the same order.
 
-Under Triton's interpreter (CPU tests) the slices are dotted in fp32 and bfloat16 results are rounded by torch:
-Triton 3.6's interpreter multiplies bfloat16 bit patterns as integers in ``tl.dot`` and truncates fp32 -> bfloat16.
+Under Triton's interpreter (CPU tests) each program adds its fp32 products one k at a time instead of ``tl.dot``
+(:func:`_fold_k_columns_interpreted` says why) and torch rounds bfloat16 results: Triton 3.6's interpreter truncates
+fp32 -> bfloat16.
 
 CUDA graphs: capturable.  The launch (tile, split mode, int64 flags) is chosen on the host from the shapes and
 strides, so it is baked into a capture; no host synchronisation; the allocations are the output and, for a split
@@ -197,8 +198,31 @@ def launch_plan(m: int, k: int, n: int, num_sms: int, split_k: Optional[int] = N
 
 
 @triton.jit
+def _fold_k_columns_interpreted(acc, a_rows, b_cols, row_ok, k_lo, k_hi, stride_ak, stride_bk,
+                                BLOCK_K: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """The interpreter's :func:`_fold_k_slices`: per BLOCK_K slice, its fp32 products summed from zero one k at a
+    time, in increasing k, then added to ``acc``.
+
+    Triton's interpreter runs ``tl.dot`` as numpy's matmul, which multiplies bfloat16 bit patterns as integers and
+    whose BLAS rounds an element by the operands' shapes (seen on AVX-512 CPUs), so a CPU test of the kernel's
+    invariance needs a sum whose order depends on the slices alone, never on the tile or M.  ``a_rows`` / ``b_cols``
+    address column / row 0 of the tile's rows / columns."""
+    for k_start in range(k_lo, k_hi, BLOCK_K):
+        part = tl.zeros_like(acc)
+        for k in range(k_start, tl.minimum(k_start + BLOCK_K, k_hi)):
+            if MASK_ROWS:
+                a = tl.load(a_rows + k * stride_ak, mask=row_ok, other=0.0)
+            else:
+                a = tl.load(a_rows + k * stride_ak)
+            b = tl.load(b_cols + k * stride_bk)
+            part += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
+        acc += part
+    return acc
+
+
+@triton.jit
 def _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, row_ok, k_lo, k_hi, K, stride_ak, stride_bk,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr):
     """``acc + a[:, k_lo:k_hi] @ b[k_lo:k_hi, :]``, one BLOCK_K slice at a time in increasing k: the per-element
     reduction.  ``a_ptrs`` / ``b_ptrs`` address column / row ``k_lo``; ``k_lo`` is a multiple of BLOCK_K; with
     ``MASK_ROWS`` the rows of ``a`` where ``row_ok`` is false load as zeros."""
@@ -216,12 +240,22 @@ def _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, row_ok, k_lo, k_hi, K, stride_ak
                 a_mask = a_mask & row_ok[:, None]
             a = tl.load(a_ptrs, mask=a_mask, other=0.0)
             b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        if UPCAST_DOT:  # the interpreter only: its tl.dot multiplies bfloat16 bit patterns as integers
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _fold_k(acc, a_ptrs, b_ptrs, a_rows, b_cols, offs_k, row_ok, k_lo, k_hi, K, stride_ak, stride_bk,
+            BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, INTERPRETED_FOLD: tl.constexpr):
+    """``acc + a[:, k_lo:k_hi] @ b[k_lo:k_hi, :]`` for the tile whose column-0 / row-0 pointers are given."""
+    if INTERPRETED_FOLD:
+        acc = _fold_k_columns_interpreted(acc, a_rows, b_cols, row_ok, k_lo, k_hi, stride_ak, stride_bk, BLOCK_K,
+                                          MASK_ROWS)
+    else:
+        acc = _fold_k_slices(acc, a_ptrs + k_lo * stride_ak, b_ptrs + k_lo * stride_bk, offs_k, row_ok, k_lo, k_hi,
+                             K, stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS)
     return acc
 
 
@@ -233,7 +267,7 @@ def _batch_invariant_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
     SPLIT_K: tl.constexpr, FOLD_SPLITS: tl.constexpr,
     A_LARGE: tl.constexpr, B_LARGE: tl.constexpr, C_LARGE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr, MASK_ROWS: tl.constexpr, INTERPRETED_FOLD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -257,29 +291,30 @@ def _batch_invariant_matmul_kernel(
     if not MASK_ROWS:
         offs_am = tl.where(row_ok, offs_am, 0)  # rows past M recompute row 0; never stored
     offs_bn = tl.where(offs_bn < N, offs_bn, 0)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    a_rows = a_ptr + offs_am * stride_am
+    b_cols = b_ptr + offs_bn * stride_bn
+    a_ptrs = a_rows[:, None] + offs_k[None, :] * stride_ak
+    b_ptrs = offs_k[:, None] * stride_bk + b_cols[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_K == 1:
-        acc = _fold_k_slices(acc, a_ptrs, b_ptrs, offs_k, row_ok, 0, K, K, stride_ak, stride_bk, BLOCK_K, EVEN_K,
-                              MASK_ROWS, UPCAST_DOT)
+        acc = _fold_k(acc, a_ptrs, b_ptrs, a_rows, b_cols, offs_k, row_ok, 0, K, K, stride_ak, stride_bk, BLOCK_K,
+                      EVEN_K, MASK_ROWS, INTERPRETED_FOLD)
     elif FOLD_SPLITS:  # every split in this program: each partial from zero, added to the total in split order
         for split in range(0, SPLIT_K):  # a loop, not unrolled: one pipelined K loop in the code, not SPLIT_K
             k_lo = split * K_PER_SPLIT
             if A_LARGE or B_LARGE:
                 k_lo = k_lo.to(tl.int64)
-            part = _fold_k_slices(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), a_ptrs + k_lo * stride_ak,
-                                  b_ptrs + k_lo * stride_bk, offs_k, row_ok, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K),
-                                  K, stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS, UPCAST_DOT)
+            part = _fold_k(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), a_ptrs, b_ptrs, a_rows, b_cols, offs_k,
+                           row_ok, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), K, stride_ak, stride_bk, BLOCK_K, EVEN_K,
+                           MASK_ROWS, INTERPRETED_FOLD)
             acc += part
     else:  # one split per program (axis 1): its partial goes to the workspace, _split_k_combine_kernel adds them
         k_lo = tl.program_id(1) * K_PER_SPLIT
         if A_LARGE or B_LARGE:
             k_lo = k_lo.to(tl.int64)
-        acc = _fold_k_slices(acc, a_ptrs + k_lo * stride_ak, b_ptrs + k_lo * stride_bk, offs_k, row_ok, k_lo,
-                             tl.minimum(k_lo + K_PER_SPLIT, K), K, stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS,
-                             UPCAST_DOT)
+        acc = _fold_k(acc, a_ptrs, b_ptrs, a_rows, b_cols, offs_k, row_ok, k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), K,
+                      stride_ak, stride_bk, BLOCK_K, EVEN_K, MASK_ROWS, INTERPRETED_FOLD)
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -382,7 +417,7 @@ def _launch(a, b, bias, out_dtype, plan: LaunchPlan) -> torch.Tensor:
         HAS_BIAS=bias is not None,
         EVEN_K=K % config.block_k == 0,
         MASK_ROWS=config.mask_rows,
-        UPCAST_DOT=INTERPRETED,
+        INTERPRETED_FOLD=INTERPRETED,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
