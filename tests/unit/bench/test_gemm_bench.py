@@ -155,7 +155,8 @@ def test_tune_picks_the_fastest_bit_identical_launch(tmp_path, fake_timer, monke
         assert any(r["bit_identical"] == "False" for r in csv.DictReader(f))
 
 
-def test_run_with_a_forced_split_times_and_names_the_split(tmp_path, fake_timer):
+def test_run_with_a_forced_split_times_and_names_the_split(tmp_path, fake_timer, monkeypatch):
+    monkeypatch.setattr(bench.batch_invariant_gemm, "SPLIT_PROGRAMS_MAX_M", 64)  # M = 100: folded
     rows = bench.run(tmp_path, pairs=["tiny"], ms=[2, 100], replays=2, log=lambda line: None,
                      device=torch.device("cpu"), split_k=2)
     sms = bench.batch_invariant_gemm.INTERPRETER_SMS
@@ -179,3 +180,32 @@ def test_small_m_probe_times_the_default_and_masked_launch_of_each_m(tmp_path, f
         assert r["masked_equal"] is True  # masking rows past M changes no stored row
     with open(tmp_path / "gemm_probe_small_m.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_split_programs_max_m_sets_the_kernels_bound_or_refuses(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench.batch_invariant_gemm, "SPLIT_PROGRAMS_MAX_M", 512)
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["--out", str(tmp_path), "--split-programs-max-m", "-1"])
+    assert refused.value.code == 2 and "--split-programs-max-m: M must be >= 0" in capsys.readouterr().err
+    assert bench.batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M == 512
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--out", str(tmp_path), "--split-programs-max-m", "64"]) == 2  # no GPU here
+    assert bench.batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M == 64
+    assert not launch_plan(64, 5632, 2048, 132).fold_splits and launch_plan(65, 5632, 2048, 132).fold_splits
+
+
+@pytest.mark.parametrize("ms", [["256", "64"], ["64", "64"]])
+def test_tune_buckets_must_increase(tmp_path, capsys, ms):
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["--out", str(tmp_path), "--tune", "--ms", *ms])
+    assert refused.value.code == 2 and "the buckets must be increasing, each once" in capsys.readouterr().err
+
+
+def test_tune_times_only_the_buckets_asked_for(tmp_path, fake_timer):
+    text = bench.tune(tmp_path, pairs=["tiny"], quick=True, replays=2, log=lambda line: None,
+                      device=torch.device("cpu"), buckets=[32])
+    namespace = {"GemmConfig": GemmConfig, "Dict": dict, "Tuple": tuple}
+    exec(text, namespace)
+    assert {bound for rows in namespace["SHAPE_LAUNCH_TABLE"].values() for bound, _ in rows} == {32}
+    with open(tmp_path / "gemm_tune.csv") as f:
+        assert {r["bucket"] for r in csv.DictReader(f)} == {"32"}
