@@ -102,14 +102,15 @@ C = GemmConfig
 #: narrow tiles, so that long-K small-N weights (down projections) still spread over every SM; M >= 256:
 #: the large tiles that keep compute-bound GEMMs near cuBLAS.  Up to 512 rows (a verify of 128 requests x 4
 #: tokens) 128x128 comes before 128x256: on the H200 it ran the mid-size gate_up at M = 512 in 48 us against
-#: 128x256's 65 (``bench_gemm.py --tune``, docs/results.md).  Every entry has ``block_k == BLOCK_K``.
+#: 128x256's 65 (``bench_gemm.py --tune``, docs/results.md); narrower weights, which 128x128 leaves with fewer
+#: programs than SMs, keep the 64x128 launch they had before.  Every entry has ``block_k == BLOCK_K``.
 LAUNCH_TABLE: Tuple[Tuple[float, Tuple[GemmConfig, ...]], ...] = (
     (16, (C(16, 64, 4, 5), C(16, 32, 4, 5), C(16, 16, 4, 6))),
     (32, (C(32, 64, 4, 5), C(32, 32, 4, 5), C(16, 32, 4, 5))),
     (64, (C(64, 64, 4, 4), C(64, 32, 4, 4), C(32, 32, 4, 5))),
     (128, (C(64, 128, 4, 4), C(64, 64, 4, 4), C(64, 32, 4, 4))),
     (256, (C(128, 128, 8, 3), C(64, 128, 4, 4), C(64, 64, 4, 4))),
-    (512, (C(128, 128, 8, 3), C(64, 128, 4, 4), C(64, 64, 4, 4))),
+    (512, (C(128, 128, 8, 3), C(64, 128, 4, 4))),
     (float("inf"), (C(128, 256, 8, 3), C(128, 128, 8, 3), C(64, 128, 4, 4))),
 )
 #: Exact overrides per weight shape ``(K, N) -> ((max M, GemmConfig), ...)`` (the first bound >= M wins; an M past
@@ -125,8 +126,9 @@ del C
 SPLIT_K_TABLE: Dict[Tuple[int, int], int] = {(5632, 2048): 4, (4096, 2048): 4}
 #: Up to this many rows a split runs as programs of its own, their fp32 partials added by a second launch (a
 #: workspace of splits x M x N fp32).  Folded into one program per tile, the mid-size down and EAGLE fc ran 1.96 -
-#: 2.13x cuBLAS's time at M = 128 - 256 on the H200, their few programs each walking all of K.
-SPLIT_PROGRAMS_MAX_M = 512
+#: 2.13x cuBLAS's time at M = 128 - 256 on the H200, their few programs each walking all of K, against 0.91 - 0.95x
+#: at M = 64 as programs of their own.  Above 256 rows the folded tiles are large enough to fill the SMs.
+SPLIT_PROGRAMS_MAX_M = 256
 _FOLD_MAX_TILE = 128 * 128  # folding keeps two accumulators: larger tiles spill registers
 
 

@@ -301,3 +301,21 @@ def test_cpu_tensors_outside_the_interpreter_are_refused(monkeypatch):
     a, b, _ = _operands(2, 64, 16)
     with pytest.raises(ValueError, match="needs CUDA tensors.*batch_invariant_gemm.matmul_reference"):
         matmul(a.cpu(), b.cpu())
+
+
+def test_up_to_512_rows_wide_weights_take_128x128_and_narrow_ones_keep_their_launch():
+    """The 512-row bucket (the verify of 128 requests): 128x128 for gate_up / lm_head, which 128x256 ran 1.35x slower
+    on the H200; the mid-size o and qkv keep the launch they had before the bucket."""
+    for k, n in ((2048, 11264), (2048, 32000), (4096, 28672)):
+        assert launch_config(512, k, n, 132) == GemmConfig(128, 128, 8, 3)
+        assert launch_config(513, k, n, 132) == GemmConfig(128, 256, 8, 3)
+    for k, n in ((2048, 2048), (2048, 4096)):  # 128x128 gives them < 132 programs; 128x256 fewer still
+        assert launch_config(512, k, n, 132) == GemmConfig(64, 128, 4, 4)
+
+
+def test_split_weights_run_their_splits_as_programs_up_to_256_rows():
+    """Folded, the mid-size down and EAGLE fc walked all of K in few programs (about 2x cuBLAS at M = 128 - 256)."""
+    for m in (1, 64, 128, 256):
+        plan = launch_plan(m, 5632, 2048, 132)
+        assert plan.splits == 4 and not plan.fold_splits and plan.config.programs(m, 2048) * 4 >= 132
+    assert launch_plan(257, 5632, 2048, 132).fold_splits and launch_plan(257, 4096, 2048, 132).fold_splits
