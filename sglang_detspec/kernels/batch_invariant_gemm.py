@@ -293,10 +293,10 @@ def _batch_invariant_matmul_kernel(
     if not MASK_ROWS:
         offs_am = tl.where(row_ok, offs_am, 0)  # rows past M recompute row 0; never stored
     offs_bn = tl.where(offs_bn < N, offs_bn, 0)
-    a_rows = a_ptr + offs_am * stride_am
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    a_rows = a_ptr + offs_am * stride_am  # the interpreter's fold only (dead code in a compiled launch)
     b_cols = b_ptr + offs_bn * stride_bn
-    a_ptrs = a_rows[:, None] + offs_k[None, :] * stride_ak
-    b_ptrs = offs_k[:, None] * stride_bk + b_cols[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SPLIT_K == 1:
