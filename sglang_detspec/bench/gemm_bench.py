@@ -230,15 +230,20 @@ def _meta(device: torch.device, extra: Dict) -> Dict:
     import triton
 
     return dict(device=_device_name(device), torch=torch.__version__, triton=triton.__version__,
-                split_programs_max_m=batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra)
+                split_programs_max_m=batch_invariant_gemm.SPLIT_PROGRAMS_MAX_M,
+                time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra)
+
+
+def _write_csv(path: Path, rows: Sequence[Dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
 
 
 def _write(out_dir: Path, rows: List[Dict], meta: Dict, log) -> None:
     csv_path = out_dir / "gemm_bench.csv"
-    with open(csv_path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    _write_csv(csv_path, rows)
     (out_dir / "gemm_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     log(f"wrote {csv_path} and gemm_bench.json")
     try:
@@ -318,13 +323,6 @@ def format_shape_table(best: Dict[Tuple[int, int], List[Tuple[int, GemmConfig]]]
     return "\n".join(lines)
 
 
-def _write_tune_csv(path: Path, rows: Sequence[Dict]) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-
-
 def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False, replays: int = 10,
          log=print, device: Optional[torch.device] = None, split_k: Optional[int] = None,
          buckets: Optional[Sequence[int]] = None) -> str:
@@ -363,7 +361,7 @@ def tune(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), quick: bool = False
                 f"(default {default_us:8.2f}, cuBLAS {cublas:8.2f}: {fastest / cublas:4.2f}x)")
             del ops
         torch.cuda.empty_cache()
-        _write_tune_csv(out_dir / "gemm_tune.csv", rows)  # after every shape: a stopped run keeps what it timed
+        _write_csv(out_dir / "gemm_tune.csv", rows)  # after every shape: a stopped run keeps what it timed
     table = format_shape_table(best)
     meta = _meta(device, dict(sms=sms, replays=replays, broken=broken, split_k=split_k))
     (out_dir / "gemm_tune_table.py").write_text(f"# {json.dumps(meta)}\n{table}\n")
@@ -407,10 +405,7 @@ def probe_small_m(out_dir: Path, pairs: Sequence[str] = tuple(PAIRS), replays: i
                     f"{'same bits' if row['masked_equal'] else 'BITS DIFFER'}")
                 del ops
             torch.cuda.empty_cache()
-    with open(out_dir / "gemm_probe_small_m.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
+    _write_csv(out_dir / "gemm_probe_small_m.csv", rows)
     (out_dir / "gemm_probe_small_m.json").write_text(json.dumps(dict(meta=_meta(device, dict(sms=sms, replays=replays)),
                                                                      rows=rows), indent=1) + "\n")
     log(f"wrote {out_dir / 'gemm_probe_small_m.csv'}")
