@@ -7,9 +7,9 @@
 # in its own process group under min(what is left, its cap) and is packed into $OUT/PART.tgz when it ends, so a call
 # stopped at its limit still returns the parts that finished (the device returns at most 8 files). $OUT/card.txt
 # names the card, the commit and each part's exit code and time. Parts:
-#   xcard      (an H200 only) cross-card record of the default kernels, compared with the H100 file in docs/cross_card
+#   xcard      cross-card record of the default kernels, compared with the other card's file in docs/cross_card
 #   gemm_inv   tests/gpu/test_batch_invariant_gemm.py: rows bit-identical for every M, every shape of both pairs
-#   gemm_ab    bench_gemm at M = 64 - 512 (both pairs), then split-K folded above 64 rows (the old bound) beside it
+#   gemm_ab    bench_gemm at M = 64 - 512 (both pairs), then again with split-K folded above 64 rows (the old bound)
 #   tune       bench_gemm --tune of the 8B-shaped pair at M = 64 - 512
 #   e2e_de     tests/e2e/test_e2e_split_kv_draft_extend.py (the opt-in draft-extend kernel)
 #   families   tests/e2e/test_e2e_families.py
@@ -22,7 +22,8 @@ LIMIT=$1; PARTS=$2
 for p in ${PARTS//,/ }; do
   [[ " $PARTS_KNOWN " == *" $p "* ]] || { echo "gpu_parts.sh: unknown part '$p' ($PARTS_KNOWN)" >&2; exit 2; }
 done
-[ -n "${OUT:-}" ] && [ -d "$OUT" ] || { echo "gpu_parts.sh: \$OUT must be a folder (the device tool sets it)" >&2; exit 2; }
+[ -n "${OUT:-}" ] && [ -d "$OUT" ] ||
+  { echo "gpu_parts.sh: \$OUT must be a folder (the device tool sets it)" >&2; exit 2; }
 T0=$SECONDS
 left() { echo $((LIMIT - (SECONDS - T0))); }
 source scripts/gpu_stage.sh > "$OUT/card.txt" 2>&1 || { cat "$OUT/card.txt"; exit 3; }
@@ -44,20 +45,27 @@ run() {
   tail -n 25 "$P/log"
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "$P"
 }
-SERVE="python3 -m sglang_detspec bench-serve --pair midsize --models-dir /tmp/models-midsize --output-len 512 --repetitions 3 --start parallel --order interleaved"
+SERVE="python3 -m sglang_detspec bench-serve --pair midsize --models-dir /tmp/models-midsize --output-len 512"
+SERVE="$SERVE --repetitions 3 --start parallel --order interleaved --out \$P"
+GEMM="python3 scripts/bench/bench_gemm.py --ms 64 128 256 512"
+E2E="bash scripts/run_gpu_checks.sh \$P --only e2e --e2e-tests"
+case "$CARD" in  # the recording of the other card to compare with
+  *H200*) OTHER_CARD=docs/cross_card/h100-split-kv-31b0632.json.gz ;;
+  *) OTHER_CARD=docs/cross_card/h200-split-kv-89b19e4.json.gz ;;
+esac
 for p in ${PARTS//,/ }; do
   case $p in
-    xcard)
-      if [[ "$CARD" == *H200* ]]; then
-        run xcard 150 330 'python3 scripts/cross_card.py record --out $P/h200.json --compare-with docs/cross_card/h100-split-kv-31b0632.json.gz'
-      else echo "xcard: skipped on $CARD" | tee -a "$OUT/card.txt"; fi ;;
-    gemm_ab) run gemm_ab 50 150 'python3 scripts/bench/bench_gemm.py --pairs midsize llama8b --ms 64 128 256 512 --out $P/new && python3 scripts/bench/bench_gemm.py --pairs midsize llama8b --ms 128 256 512 --split-programs-max-m 64 --out $P/fold64' ;;
-    gemm_inv) run gemm_inv 100 150 'DETSPEC_GPU_OUT=$P python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_batch_invariant_gemm.py' ;;
-    e2e_de) run e2e_de 300 600 'bash scripts/run_gpu_checks.sh $P --only e2e --e2e-tests tests/e2e/test_e2e_split_kv_draft_extend.py' ;;
-    families) run families 300 600 'bash scripts/run_gpu_checks.sh $P --only e2e --e2e-tests tests/e2e/test_e2e_families.py' ;;
-    serve_hi) run serve_hi 250 600 "$SERVE"' --out $P --configs eagle_rs,detspec --concurrencies 32,128 --min-seconds 12' ;;
-    serve18) run serve18 250 600 "$SERVE"' --out $P --configs eagle_rs,detspec,detspec_split_kv_draft_extend --concurrencies 1,8 --min-seconds 20' ;;
-    tune) run tune 60 170 'python3 scripts/bench/bench_gemm.py --tune --pairs llama8b --ms 64 128 256 512 --out $P' ;;
+    xcard) run xcard 150 330 "python3 scripts/cross_card.py record --out \$P/here.json --compare-with $OTHER_CARD" ;;
+    gemm_ab) run gemm_ab 50 150 "$GEMM --pairs midsize llama8b --out \$P/new &&
+                                 $GEMM --pairs midsize llama8b --split-programs-max-m 64 --out \$P/fold64" ;;
+    gemm_inv) run gemm_inv 100 150 \
+      'DETSPEC_GPU_OUT=$P python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_batch_invariant_gemm.py' ;;
+    e2e_de) run e2e_de 300 600 "$E2E tests/e2e/test_e2e_split_kv_draft_extend.py" ;;
+    families) run families 300 600 "$E2E tests/e2e/test_e2e_families.py" ;;
+    serve_hi) run serve_hi 250 600 "$SERVE --configs eagle_rs,detspec --concurrencies 32,128 --min-seconds 12" ;;
+    serve18) run serve18 250 600 \
+      "$SERVE --configs eagle_rs,detspec,detspec_split_kv_draft_extend --concurrencies 1,8 --min-seconds 20" ;;
+    tune) run tune 60 170 "$GEMM --tune --pairs llama8b --out \$P" ;;
   esac
 done
 echo "total $((SECONDS - T0))s"
